@@ -1,0 +1,307 @@
+//! `verdict bench`: plain target decoding and each speculative mode, in one process,
+//! interleaved on the same problems. Reports accuracy, τ, and speed as a ratio to plain.
+//!
+//! Every finished (problem, mode) run is appended to a JSONL checkpoint, so an interrupted
+//! bench resumes where it stopped.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    fmt::Write as _,
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+    str::FromStr,
+    sync::Arc,
+};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::Config,
+    engine::{generate, Engine, LoadedModels, Prompt},
+    judge::JudgeStack,
+    metrics::{Counters, Metrics},
+    rules::BaseRule,
+    tasks::{gsm8k, TaskAdapter},
+};
+
+/// One way of decoding compared by the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The target alone, one token per forward.
+    Plain,
+    /// Speculative decoding with a lossless base rule and no judges.
+    Speculative(BaseRule),
+}
+
+impl Mode {
+    pub fn name(&self) -> String {
+        match self {
+            Mode::Plain => "plain".into(),
+            Mode::Speculative(rule) => rule.name().into(),
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "plain" => Ok(Mode::Plain),
+            "exact" => Ok(Mode::Speculative(BaseRule::Exact)),
+            "rejection" => Ok(Mode::Speculative(BaseRule::Rejection)),
+            other => bail!("unknown bench mode {other:?}; known: plain, exact, rejection"),
+        }
+    }
+}
+
+pub struct BenchOptions {
+    pub data_dir: PathBuf,
+    pub split: String,
+    pub limit: usize,
+    pub modes: Vec<Mode>,
+    /// The JSON report; the checkpoint sits beside it as `<out>.runs.jsonl`.
+    pub out: PathBuf,
+}
+
+/// One (problem, mode) run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Run {
+    pub problem: usize,
+    pub mode: Mode,
+    pub correct: bool,
+    pub answer: Option<String>,
+    pub text: String,
+    pub completion_tokens: usize,
+    pub seconds: f64,
+    pub counters: Option<Counters>,
+}
+
+/// A mode's totals over every problem.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModeSummary {
+    pub mode: String,
+    pub problems: usize,
+    pub accuracy: f64,
+    pub mean_acceptance_length: Option<f64>,
+    pub draft_acceptance_rate: Option<f64>,
+    pub tokens_per_second: f64,
+    pub speed_vs_plain: Option<f64>,
+    /// Runs whose text equals the plain target's on the same problem.
+    pub identical_to_plain: Option<usize>,
+    /// Time in the accept rule as a share of target verify time.
+    pub accept_share_of_verify: Option<f64>,
+    pub counters: Option<Counters>,
+}
+
+fn checkpoint_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".runs.jsonl");
+    out.with_file_name(name)
+}
+
+fn load_checkpoint(path: &Path) -> Result<Vec<Run>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = fs::read_to_string(path)?;
+    // A line cut short by a crash is dropped; the run is simply redone.
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+pub fn run(config: &Config, options: &BenchOptions) -> Result<Vec<ModeSummary>> {
+    if options.modes.is_empty() {
+        bail!("--modes is empty");
+    }
+    let problems = gsm8k::load(&options.data_dir, &options.split)?;
+    let problems = &problems[..options.limit.min(problems.len())];
+    let needs_draft = options.modes.iter().any(|m| matches!(m, Mode::Speculative(_)));
+    if needs_draft && config.models.draft.is_none() {
+        bail!("speculative modes need models.draft in the config");
+    }
+
+    let checkpoint = checkpoint_path(&options.out);
+    if let Some(parent) = checkpoint.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let mut runs = load_checkpoint(&checkpoint)?;
+    runs.retain(|r| r.problem < problems.len() && options.modes.contains(&r.mode));
+    let done: HashSet<(usize, Mode)> = runs.iter().map(|r| (r.problem, r.mode)).collect();
+    if !done.is_empty() {
+        tracing::info!("resuming: {} runs already in {}", done.len(), checkpoint.display());
+    }
+
+    let models = LoadedModels::load(config)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let metrics = Arc::new(Metrics::default());
+    let (plain, speculative) = runtime.block_on(async {
+        let plain = Engine::plain(&models, 1).await;
+        let speculative = match needs_draft {
+            true => Some(
+                Engine::speculative(&models, config.speculative.gamma, JudgeStack::lossless(config.speculative.base_rule), config.speculative.seed, metrics.clone(), 1).await?,
+            ),
+            false => None,
+        };
+        anyhow::Ok((plain, speculative))
+    })?;
+
+    let total = problems.len() * options.modes.len();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {elapsed} elapsed, ETA {eta}  {msg}").unwrap(),
+    );
+    bar.set_position(done.len() as u64);
+    let mut log = fs::OpenOptions::new().create(true).append(true).open(&checkpoint)?;
+    let task = gsm8k::Gsm8k;
+    for (index, problem) in problems.iter().enumerate() {
+        // Rotate the order per problem so no mode always runs first (warm caches, turbo).
+        let n = options.modes.len();
+        for k in 0..n {
+            let mode = options.modes[(index + k) % n];
+            if done.contains(&(index, mode)) {
+                continue;
+            }
+            bar.set_message(format!("problem {index} {}", mode.name()));
+            let prompt = Prompt::Chat(task.prompt(problem));
+            let (generation, counters) = runtime.block_on(async {
+                match mode {
+                    Mode::Plain => Ok::<_, anyhow::Error>((generate(&plain.mistralrs, &prompt, &config.sampling).await?, None)),
+                    Mode::Speculative(rule) => {
+                        let engine = speculative.as_ref().expect("built when a speculative mode is asked for");
+                        engine.rule.as_ref().unwrap().set_stack(JudgeStack::lossless(rule));
+                        let before = metrics.snapshot();
+                        let generation = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
+                        Ok((generation, Some(metrics.snapshot().since(&before))))
+                    }
+                }
+            })
+            .with_context(|| format!("problem {index}, mode {}", mode.name()))?;
+            let run = Run {
+                problem: index,
+                mode,
+                correct: task.is_correct(problem, &generation.text),
+                answer: task.extract_answer(&generation.text),
+                text: generation.text,
+                completion_tokens: generation.completion_tokens,
+                seconds: generation.seconds,
+                counters,
+            };
+            writeln!(log, "{}", serde_json::to_string(&run)?)?;
+            log.flush()?;
+            runs.push(run);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+
+    let summaries = summarise(&runs, &options.modes);
+    let report = serde_json::json!({
+        "dataset": "gsm8k",
+        "split": options.split,
+        "problems": problems.len(),
+        "gamma": config.speculative.gamma,
+        "target": config.models.target,
+        "draft": config.models.draft,
+        "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
+        "summary": summaries,
+        "runs": runs,
+    });
+    fs::write(&options.out, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", options.out.display()))?;
+    Ok(summaries)
+}
+
+pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
+    let plain_text: BTreeMap<usize, &str> = runs.iter().filter(|r| r.mode == Mode::Plain).map(|r| (r.problem, r.text.as_str())).collect();
+    let tokens_per_second = |mode: Mode| {
+        let (tokens, seconds) = runs.iter().filter(|r| r.mode == mode).fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + r.seconds));
+        if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
+    };
+    let plain_tps = modes.contains(&Mode::Plain).then(|| tokens_per_second(Mode::Plain));
+    modes
+        .iter()
+        .map(|&mode| {
+            let mine: Vec<&Run> = runs.iter().filter(|r| r.mode == mode).collect();
+            let counters = mine.iter().filter_map(|r| r.counters.as_ref()).fold(None::<Counters>, |acc, c| {
+                Some(match acc {
+                    None => c.clone(),
+                    Some(total) => add(&total, c),
+                })
+            });
+            let tps = tokens_per_second(mode);
+            ModeSummary {
+                mode: mode.name(),
+                problems: mine.len(),
+                accuracy: mine.iter().filter(|r| r.correct).count() as f64 / mine.len().max(1) as f64,
+                mean_acceptance_length: counters.as_ref().map(Counters::mean_acceptance_length),
+                draft_acceptance_rate: counters.as_ref().map(Counters::draft_acceptance_rate),
+                tokens_per_second: tps,
+                speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
+                identical_to_plain: (!plain_text.is_empty() && mode != Mode::Plain)
+                    .then(|| mine.iter().filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str())).count()),
+                accept_share_of_verify: counters.as_ref().filter(|c| c.verify_seconds + c.prefill_verify_seconds > 0.0).map(|c| c.accept_seconds / (c.verify_seconds + c.prefill_verify_seconds)),
+                counters,
+            }
+        })
+        .collect()
+}
+
+/// Sum of two counter sets (`since` in reverse).
+fn add(a: &Counters, b: &Counters) -> Counters {
+    let mut per_position = a.accepted_per_position.clone();
+    if per_position.len() < b.accepted_per_position.len() {
+        per_position.resize(b.accepted_per_position.len(), 0);
+    }
+    for (slot, n) in per_position.iter_mut().zip(&b.accepted_per_position) {
+        *slot += n;
+    }
+    let mut judges = a.judges.clone();
+    for (name, j) in &b.judges {
+        let slot = judges.entry(name.clone()).or_default();
+        slot.calls += j.calls;
+        slot.rescues += j.rescues;
+        slot.vetoes += j.vetoes;
+        slot.seconds += j.seconds;
+    }
+    Counters {
+        steps: a.steps + b.steps,
+        draft_tokens: a.draft_tokens + b.draft_tokens,
+        accepted_tokens: a.accepted_tokens + b.accepted_tokens,
+        emitted_tokens: a.emitted_tokens + b.emitted_tokens,
+        accepted_per_position: per_position,
+        draft_seconds: a.draft_seconds + b.draft_seconds,
+        verify_seconds: a.verify_seconds + b.verify_seconds,
+        prefill_steps: a.prefill_steps + b.prefill_steps,
+        prefill_verify_seconds: a.prefill_verify_seconds + b.prefill_verify_seconds,
+        accept_seconds: a.accept_seconds + b.accept_seconds,
+        judges,
+    }
+}
+
+/// The table people read; the JSON report holds the same figures.
+pub fn table(summaries: &[ModeSummary]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "| mode | problems | accuracy | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | identical to plain | accept time / verify time |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let dash = || "–".to_string();
+    let fixed = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_else(dash);
+    let percent = |v: Option<f64>, digits: usize| v.map(|v| format!("{:.digits$}%", 100.0 * v)).unwrap_or_else(dash);
+    for s in summaries {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1}% | {} | {} | {:.2} | {} | {} | {} |",
+            s.mode,
+            s.problems,
+            100.0 * s.accuracy,
+            fixed(s.mean_acceptance_length),
+            percent(s.draft_acceptance_rate, 1),
+            s.tokens_per_second,
+            s.speed_vs_plain.map(|r| format!("{r:.2}×")).unwrap_or_else(dash),
+            s.identical_to_plain.map(|n| format!("{n}/{}", s.problems)).unwrap_or_else(dash),
+            percent(s.accept_share_of_verify, 2),
+        );
+    }
+    out
+}

@@ -1,0 +1,227 @@
+//! Loading models into mistral.rs and running requests: the plain target engine and the
+//! speculative engine with Verdict's accept rule.
+
+use std::{num::NonZeroUsize, path::Path, sync::Arc, time::Instant};
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use either::Either;
+use indexmap::IndexMap;
+use mistralrs_core::{
+    DefaultSchedulerMethod, DeviceMapSetting, GGUFLoaderBuilder, GGUFSpecificConfig, Loader,
+    MistralRs, MistralRsBuilder, ModelDType, NormalLoaderBuilder, NormalRequest,
+    NormalSpecificConfig, Pipeline, Request, RequestMessage, Response, SamplingParams,
+    SchedulerConfig, SpeculativeConfig, SpeculativePipeline, TokenSource,
+};
+use tokio::sync::Mutex;
+
+use crate::{
+    accept::VerdictRule,
+    config::{Config, SamplingConfig},
+    judge::JudgeStack,
+    metrics::Metrics,
+    models::{cache_dir, resolve, ModelSource},
+};
+
+pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
+
+/// The id the engines answer to (`"model"` in OpenAI requests; `"default"` works too).
+pub const MODEL_ID: &str = "verdict";
+
+fn absolute(path: &Path) -> Result<String> {
+    let abs = std::fs::canonicalize(path).with_context(|| format!("cannot open {}", path.display()))?;
+    Ok(abs.to_string_lossy().into_owned())
+}
+
+fn loader_for(source: &ModelSource) -> Result<Box<dyn Loader>> {
+    // Absolute local paths keep mistral.rs off the hub: it only lists a model id remotely
+    // when no such path exists.
+    match source {
+        ModelSource::Gguf(file) => {
+            let dir = absolute(file.parent().unwrap_or(Path::new(".")))?;
+            let name = file.file_name().context("GGUF path has no file name")?.to_string_lossy().into_owned();
+            Ok(GGUFLoaderBuilder::new(None, None, dir, vec![name], GGUFSpecificConfig::default(), false, None).build())
+        }
+        ModelSource::Safetensors(dir) => NormalLoaderBuilder::new(
+            NormalSpecificConfig::default(),
+            None,
+            None,
+            Some(absolute(dir)?),
+            false,
+            None,
+        )
+        .build(None),
+    }
+}
+
+/// Load one model as a mistral.rs pipeline on the CPU in f32 activations.
+pub fn load_pipeline(source: &ModelSource) -> Result<SharedPipeline> {
+    tracing::info!("loading {}", source.path().display());
+    let start = Instant::now();
+    let pipeline = loader_for(source)?
+        .load_model_from_hf(None, TokenSource::None, &ModelDType::F32, &Device::Cpu, true, DeviceMapSetting::dummy(), None, None)
+        .with_context(|| format!("cannot load model {}", source.path().display()))?;
+    tracing::info!("loaded {} in {:.1}s", source.path().display(), start.elapsed().as_secs_f64());
+    Ok(pipeline)
+}
+
+/// Target and (when speculation is on) draft, loaded once and shared by every engine.
+pub struct LoadedModels {
+    pub target: SharedPipeline,
+    pub target_source: ModelSource,
+    pub draft: Option<(SharedPipeline, ModelSource)>,
+}
+
+impl LoadedModels {
+    pub fn load(config: &Config) -> Result<Self> {
+        let cache = cache_dir(config.models.cache_dir.as_deref());
+        let target_source = resolve(&config.models.target, &cache).context("models.target")?;
+        let draft_source = match (&config.models.draft, config.speculative.enabled) {
+            (Some(draft), true) => Some(resolve(draft, &cache).context("models.draft")?),
+            _ => None,
+        };
+        let target = load_pipeline(&target_source)?;
+        let draft = match draft_source {
+            Some(source) => {
+                let draft = load_pipeline(&source)?;
+                check_same_vocabulary(&target, &target_source, &draft, &source)?;
+                Some((draft, source))
+            }
+            None => None,
+        };
+        Ok(Self { target, target_source, draft })
+    }
+}
+
+/// Speculation needs one token space; say which models differ and how.
+fn check_same_vocabulary(target: &SharedPipeline, target_source: &ModelSource, draft: &SharedPipeline, draft_source: &ModelSource) -> Result<()> {
+    let vocab = |p: &SharedPipeline| p.blocking_lock().tokenizer().map(|t| t.get_vocab(true));
+    let (t, d) = (vocab(target), vocab(draft));
+    let (Some(t), Some(d)) = (t, d) else {
+        bail!("speculative decoding needs tokenizers for both models");
+    };
+    if t != d {
+        let shared = t.iter().filter(|(tok, id)| d.get(*tok) == Some(id)).count();
+        bail!(
+            "draft {} and target {} have different vocabularies ({} vs {} tokens, {} shared with the same id); speculative decoding needs the same tokenizer",
+            draft_source.path().display(),
+            target_source.path().display(),
+            d.len(),
+            t.len(),
+            shared
+        );
+    }
+    Ok(())
+}
+
+/// A built mistral.rs engine and, for speculative engines, its accept rule.
+pub struct Engine {
+    pub mistralrs: Arc<MistralRs>,
+    pub rule: Option<Arc<VerdictRule>>,
+}
+
+async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, max_seqs: usize) -> Arc<MistralRs> {
+    let method = DefaultSchedulerMethod::Fixed(NonZeroUsize::new(max_seqs.max(1)).unwrap());
+    MistralRsBuilder::new(pipeline, SchedulerConfig::DefaultScheduler { method }, false, None)
+        .with_model_id(MODEL_ID)
+        // The prefix cacher restores only the target's cache, never the draft's.
+        .with_no_prefix_cache(true)
+        .build()
+        .await
+}
+
+impl Engine {
+    /// Plain decoding with the target alone.
+    pub async fn plain(models: &LoadedModels, max_seqs: usize) -> Self {
+        Self {
+            mistralrs: build_mistralrs(models.target.clone(), max_seqs).await,
+            rule: None,
+        }
+    }
+
+    /// Speculative decoding with the draft, γ drafts per step, and `stack` deciding.
+    pub async fn speculative(models: &LoadedModels, gamma: usize, stack: JudgeStack, seed: u64, metrics: Arc<Metrics>, max_seqs: usize) -> Result<Self> {
+        let Some((draft, _)) = &models.draft else {
+            bail!("speculative decoding needs models.draft");
+        };
+        let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
+        let config = SpeculativeConfig { gamma, accept_rule: Some(rule.clone()) };
+        let pipeline = SpeculativePipeline::new(models.target.clone(), draft.clone(), config)?;
+        Ok(Self {
+            mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
+            rule: Some(rule),
+        })
+    }
+}
+
+/// A prompt: a chat turn (the model's chat template applies) or raw text.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Chat(String),
+    Text(String),
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub finish_reason: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Wall clock of the whole request, prompt processing included.
+    pub seconds: f64,
+    /// The engine's own timing of the prompt and of the completion tokens.
+    pub prompt_seconds: f64,
+    pub completion_seconds: f64,
+}
+
+pub fn sampling_params(sampling: &SamplingConfig) -> SamplingParams {
+    SamplingParams {
+        // mistral.rs treats a missing temperature as 1.0; below 1e-7 it decodes greedily.
+        temperature: Some(sampling.temperature),
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        max_len: Some(sampling.max_tokens),
+        ..SamplingParams::neutral()
+    }
+}
+
+/// Run one request to completion.
+pub async fn generate(mistralrs: &MistralRs, prompt: &Prompt, sampling: &SamplingConfig) -> Result<Generation> {
+    let message = match prompt {
+        Prompt::Chat(text) => {
+            let mut turn = IndexMap::new();
+            turn.insert("role".to_string(), Either::Left("user".to_string()));
+            turn.insert("content".to_string(), Either::Left(text.clone()));
+            RequestMessage::Chat { messages: vec![turn], enable_thinking: None, reasoning_effort: None }
+        }
+        Prompt::Text(text) => RequestMessage::Completion { text: text.clone(), echo_prompt: false, best_of: None },
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let request = NormalRequest::new_simple(message, sampling_params(sampling), tx, mistralrs.next_request_id(), None, None);
+    let start = Instant::now();
+    mistralrs.get_sender(None)?.send(Request::Normal(Box::new(request))).await.context("the engine stopped")?;
+    let response = rx.recv().await.context("the engine dropped the request")?;
+    let seconds = start.elapsed().as_secs_f64();
+    let (text, finish_reason, usage) = match response {
+        Response::Done(r) => {
+            let choice = r.choices.into_iter().next().context("no choice in response")?;
+            (choice.message.content.unwrap_or_default(), choice.finish_reason, r.usage)
+        }
+        Response::CompletionDone(r) => {
+            let choice = r.choices.into_iter().next().context("no choice in response")?;
+            (choice.text, choice.finish_reason, r.usage)
+        }
+        Response::InternalError(e) | Response::ValidationError(e) => bail!("request failed: {e}"),
+        Response::ModelError(e, _) | Response::CompletionModelError(e, _) => bail!("model error: {e}"),
+        _ => bail!("unexpected response kind"),
+    };
+    Ok(Generation {
+        text,
+        finish_reason,
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+        seconds,
+        prompt_seconds: usage.total_prompt_time_sec as f64,
+        completion_seconds: usage.total_completion_time_sec as f64,
+    })
+}

@@ -1,0 +1,22 @@
+//! Verdict: a configurable judge stack of lossy verifiers for speculative decoding in
+//! mistral.rs, with lossless base rules, metrics, a server and a benchmark.
+//!
+//! Where a token is accepted: [`accept::VerdictRule::accept`] → [`judge::JudgeStack::decide`].
+
+pub mod accept;
+pub mod bench;
+pub mod config;
+pub mod distribution;
+pub mod engine;
+pub mod forward_cost;
+pub mod judge;
+pub mod metrics;
+pub mod models;
+pub mod rules;
+pub mod server;
+pub mod step_view;
+pub mod tasks;
+pub mod tiny_model;
+
+pub use accept::VerdictRule;
+pub use config::Config;

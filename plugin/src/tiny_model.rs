@@ -1,0 +1,202 @@
+//! Tiny random-weight Llama and Qwen2 models written as safetensors folders, so tests and
+//! examples exercise the real mistral.rs loaders and forwards without any download.
+
+use std::{collections::HashMap, path::Path};
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use serde_json::json;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TinyArch {
+    Llama,
+    Qwen2,
+}
+
+#[derive(Clone, Debug)]
+pub struct TinySpec {
+    pub arch: TinyArch,
+    pub hidden_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub intermediate_size: usize,
+    /// Words `w0`, `w1`, … besides the special tokens and role names.
+    pub words: usize,
+    pub seed: u64,
+    /// Id of the end-of-sequence token, among the word ids (a word the model emits makes EOS
+    /// appear inside drafts); `None` uses `<|endoftext|>`.
+    pub eos_word: Option<usize>,
+}
+
+impl TinySpec {
+    pub fn new(arch: TinyArch, seed: u64) -> Self {
+        Self {
+            arch,
+            hidden_size: 32,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            intermediate_size: 64,
+            words: 56,
+            seed,
+            eos_word: None,
+        }
+    }
+}
+
+/// Special tokens first, then role names, then `w0..`.
+const SPECIAL: [&str; 4] = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+const ROLES: [&str; 3] = ["system", "user", "assistant"];
+/// Id of `w0`.
+pub const FIRST_WORD_ID: usize = SPECIAL.len() + ROLES.len();
+
+pub fn vocab(spec: &TinySpec) -> Vec<String> {
+    SPECIAL
+        .iter()
+        .chain(ROLES.iter())
+        .map(|s| s.to_string())
+        .chain((0..spec.words).map(|i| format!("w{i}")))
+        .collect()
+}
+
+/// Deterministic pseudo-random weights: a small LCG keeps the generator free of RNG-crate
+/// version drift, so a seed means the same model forever.
+struct Lcg(u64);
+
+impl Lcg {
+    fn normal(&mut self) -> f32 {
+        // Sum of 4 uniforms, centred and scaled: close enough to N(0, 1) for random weights.
+        let mut sum = 0.0;
+        for _ in 0..4 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            sum += (self.0 >> 40) as f32 / (1u64 << 24) as f32;
+        }
+        (sum - 2.0) * (3.0f32).sqrt()
+    }
+
+    fn tensor(&mut self, shape: &[usize], std: f32) -> Result<Tensor> {
+        let n = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|_| self.normal() * std).collect();
+        Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
+    }
+}
+
+/// Write `config.json`, `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`
+/// and `model.safetensors` for `spec` into `dir`.
+pub fn write_tiny_model(spec: &TinySpec, dir: &Path) -> Result<()> {
+    write_tiny_model_perturbed(spec, dir, None)
+}
+
+/// Like [`write_tiny_model`], with every weight of `base` plus noise of std `noise`: a draft
+/// that agrees with its target often but not always.
+pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(u64, f32)>) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let vocab = vocab(spec);
+    let v = vocab.len();
+    let h = spec.hidden_size;
+    let head_dim = h / spec.heads;
+    let kv = spec.kv_heads * head_dim;
+    let mut rng = Lcg(spec.seed);
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    // Large embedding and head scales give well-separated logits, so greedy decoding is not
+    // decided by float rounding between batched and single-token forwards.
+    tensors.insert("model.embed_tokens.weight".into(), rng.tensor(&[v, h], 1.0)?);
+    tensors.insert("lm_head.weight".into(), rng.tensor(&[v, h], 1.0)?);
+    tensors.insert("model.norm.weight".into(), Tensor::ones(h, DType::F32, &Device::Cpu)?);
+    for l in 0..spec.layers {
+        let p = format!("model.layers.{l}");
+        let std = 0.2;
+        for (name, shape) in [
+            ("self_attn.q_proj", [h, h]),
+            ("self_attn.k_proj", [kv, h]),
+            ("self_attn.v_proj", [kv, h]),
+            ("self_attn.o_proj", [h, h]),
+            ("mlp.gate_proj", [spec.intermediate_size, h]),
+            ("mlp.up_proj", [spec.intermediate_size, h]),
+            ("mlp.down_proj", [h, spec.intermediate_size]),
+        ] {
+            tensors.insert(format!("{p}.{name}.weight"), rng.tensor(&shape, std)?);
+        }
+        if spec.arch == TinyArch::Qwen2 {
+            for (name, n) in [("q_proj", h), ("k_proj", kv), ("v_proj", kv)] {
+                tensors.insert(format!("{p}.self_attn.{name}.bias"), rng.tensor(&[n], 0.1)?);
+            }
+        }
+        for norm in ["input_layernorm", "post_attention_layernorm"] {
+            tensors.insert(format!("{p}.{norm}.weight"), Tensor::ones(h, DType::F32, &Device::Cpu)?);
+        }
+    }
+    if let Some((seed, noise)) = perturb {
+        let mut noise_rng = Lcg(seed);
+        let mut names: Vec<String> = tensors.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let t = &tensors[&name];
+            let shape = t.dims().to_vec();
+            let scale = t.sqr()?.mean_all()?.sqrt()?.to_scalar::<f32>()?.max(1e-3);
+            let perturbed = (t + noise_rng.tensor(&shape, noise * scale)?)?;
+            tensors.insert(name, perturbed);
+        }
+    }
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+
+    let eos_id = spec.eos_word.map(|w| FIRST_WORD_ID + w).unwrap_or(1);
+    let mut config = json!({
+        "architectures": [match spec.arch { TinyArch::Llama => "LlamaForCausalLM", TinyArch::Qwen2 => "Qwen2ForCausalLM" }],
+        "model_type": match spec.arch { TinyArch::Llama => "llama", TinyArch::Qwen2 => "qwen2" },
+        "vocab_size": v,
+        "hidden_size": h,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": false,
+        "bos_token_id": 2,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
+    });
+    if spec.arch == TinyArch::Qwen2 {
+        config["sliding_window"] = serde_json::Value::Null;
+        config["use_sliding_window"] = json!(false);
+    }
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
+    std::fs::write(
+        dir.join("generation_config.json"),
+        serde_json::to_string_pretty(&json!({"bos_token_id": 2, "eos_token_id": eos_id}))?,
+    )?;
+
+    let vocab_map: serde_json::Map<String, serde_json::Value> =
+        vocab.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let added: Vec<_> = SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab_map, "unk_token": "<unk>"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer)?)?;
+    let eos_text = &vocab[eos_id];
+    let tokenizer_config = json!({
+        "bos_token": "<|im_start|>",
+        "eos_token": eos_text,
+        "unk_token": "<unk>",
+        "model_max_length": 512,
+        "chat_template": "{% for message in messages %}<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}",
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config)?)?;
+    Ok(())
+}
