@@ -107,14 +107,18 @@ mod tests {
         assert!((p[1] - 0.9).abs() < 1e-6, "{p:?}");
     }
 
+    fn assert_close(got: &[f32], want: &[f32]) {
+        assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6), "{got:?} vs {want:?}");
+    }
+
     #[test]
     fn top_k_and_top_p_keep_the_head() {
         let logits = [4.0f32, 3.0, 2.0, 1.0].map(|x| x.ln());
         let top_k = SamplingSettings { top_k: Some(2), ..sampled(1.0) };
-        assert_eq!(probabilities(&logits, &top_k), vec![4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
+        assert_close(&probabilities(&logits, &top_k), &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
         // 0.4 + 0.3 = 0.7 reaches top_p = 0.65.
         let top_p = SamplingSettings { top_p: Some(0.65), ..sampled(1.0) };
-        assert_eq!(probabilities(&logits, &top_p), vec![4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
+        assert_close(&probabilities(&logits, &top_p), &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
     }
 
     #[test]

@@ -140,7 +140,7 @@ fn serve(config: &Config, port: Option<u16>) -> Result<()> {
         let engine = build_engine(config, &models, metrics.clone()).await?;
         let router = server::router(&engine, metrics).await?;
         let addr = SocketAddr::new(config.server.host, port.unwrap_or(config.server.port));
-        server::serve(router, addr).await
+        server::serve(router, server::bind(addr).await?).await
     })
 }
 

@@ -4,6 +4,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::{Context, Result};
 use axum::{http::header::CONTENT_TYPE, routing::get, Router};
+use tokio::net::TcpListener;
 use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
 
 use crate::{engine::Engine, metrics::Metrics};
@@ -23,11 +24,12 @@ pub async fn router(engine: &Engine, metrics: Arc<Metrics>) -> Result<Router> {
     ))
 }
 
-/// Bind `addr` and serve until the process ends.
-pub async fn serve(router: Router, addr: SocketAddr) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Serve `router` on `listener` until the process ends.
+pub async fn serve(router: Router, listener: TcpListener) -> Result<()> {
     tracing::info!("serving on http://{} (OpenAI routes under /v1, metrics at /metrics)", listener.local_addr()?);
     axum::serve(listener, router).await?;
     Ok(())

@@ -21,7 +21,7 @@ pub struct TinySpec {
     pub heads: usize,
     pub kv_heads: usize,
     pub intermediate_size: usize,
-    /// Words `w0`, `w1`, … besides the special tokens and role names.
+    /// Words (see [`word`]) besides the special tokens and role names.
     pub words: usize,
     pub seed: u64,
     /// Id of the end-of-sequence token, among the word ids (a word the model emits makes EOS
@@ -45,18 +45,39 @@ impl TinySpec {
     }
 }
 
-/// Special tokens first, then role names, then `w0..`.
+/// Special tokens first, then role names, then `w0..`. Words carry the byte-level space
+/// marker `Ġ`: mistral.rs's grammar support needs a byte-level (or byte-fallback) tokenizer.
 const SPECIAL: [&str; 4] = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-const ROLES: [&str; 3] = ["system", "user", "assistant"];
-/// Id of `w0`.
+const ROLES: [&str; 3] = ["Ġsystem", "Ġuser", "Ġassistant"];
+/// Id of word 0.
 pub const FIRST_WORD_ID: usize = SPECIAL.len() + ROLES.len();
+
+/// The text of word `i`: letters only (`waa`, `wab`, …), so the byte-level pre-tokenizer's
+/// regex keeps each word whole.
+pub fn word(i: usize) -> String {
+    format!("w{}{}", (b'a' + (i / 26) as u8) as char, (b'a' + (i % 26) as u8) as char)
+}
+
+/// Inverse of [`word`].
+pub fn word_index(text: &str) -> Option<usize> {
+    let b = text.strip_prefix('w')?.as_bytes();
+    match b {
+        [hi @ b'a'..=b'z', lo @ b'a'..=b'z'] => Some(((hi - b'a') as usize) * 26 + (lo - b'a') as usize),
+        _ => None,
+    }
+}
+
+/// A prompt of the given words.
+pub fn words(ids: &[usize]) -> String {
+    ids.iter().map(|&i| word(i)).collect::<Vec<_>>().join(" ")
+}
 
 pub fn vocab(spec: &TinySpec) -> Vec<String> {
     SPECIAL
         .iter()
         .chain(ROLES.iter())
         .map(|s| s.to_string())
-        .chain((0..spec.words).map(|i| format!("w{i}")))
+        .chain((0..spec.words).map(|i| format!("Ġ{}", word(i))))
         .collect()
 }
 
@@ -183,16 +204,16 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
         "padding": null,
         "added_tokens": added,
         "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "post_processor": null,
-        "decoder": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {"type": "WordLevel", "vocab": vocab_map, "unk_token": "<unk>"},
     });
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer)?)?;
-    let eos_text = &vocab[eos_id];
     let tokenizer_config = json!({
         "bos_token": "<|im_start|>",
-        "eos_token": eos_text,
+        // The word EOS (if any) comes from generation_config.json's id.
+        "eos_token": "<|endoftext|>",
         "unk_token": "<unk>",
         "model_max_length": 512,
         "chat_template": "{% for message in messages %}<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}",

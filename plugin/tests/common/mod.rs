@@ -1,0 +1,32 @@
+//! Tiny random-weight target/draft pairs written to a temp folder, and configs for them.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use verdict::{
+    config::Config,
+    tiny_model::{words, write_tiny_model, write_tiny_model_perturbed, TinyArch, TinySpec},
+};
+
+/// Writes `target/` and a perturbed `draft/` (noise relative to each weight's scale).
+pub fn tiny_pair(dir: &Path, spec: &TinySpec, draft_noise: f32) {
+    write_tiny_model(spec, &dir.join("target")).unwrap();
+    write_tiny_model_perturbed(spec, &dir.join("draft"), Some((spec.seed + 1000, draft_noise))).unwrap();
+}
+
+pub fn config(dir: &Path, gamma: usize, base_rule: &str, max_tokens: usize) -> Config {
+    Config::from_toml(&format!(
+        "[models]\ntarget = {:?}\ndraft = {:?}\n[speculative]\ngamma = {gamma}\nbase_rule = {base_rule:?}\n[sampling]\ntemperature = 0.0\nmax_tokens = {max_tokens}\n",
+        dir.join("target").to_str().unwrap(),
+        dir.join("draft").to_str().unwrap(),
+    ))
+    .unwrap()
+}
+
+pub fn spec(arch: TinyArch, seed: u64) -> TinySpec {
+    TinySpec::new(arch, seed)
+}
+
+pub fn prompts() -> Vec<String> {
+    vec![words(&[1, 2, 3]), words(&[10, 4, 4, 7, 30]), words(&[5])]
+}
