@@ -24,8 +24,8 @@ pub struct TinySpec {
     /// Words (see [`word`]) besides the special tokens and role names.
     pub words: usize,
     pub seed: u64,
-    /// Id of the end-of-sequence token, among the word ids (a word the model emits makes EOS
-    /// appear inside drafts); `None` uses `<|endoftext|>`.
+    /// Make the model emit the EOS token `<|im_end|>` wherever it would emit this word, so
+    /// a test can place an EOS mid-sequence. `None`: EOS is `<|endoftext|>`.
     pub eos_word: Option<usize>,
 }
 
@@ -49,6 +49,7 @@ impl TinySpec {
 /// marker `Ġ`: mistral.rs's grammar support needs a byte-level (or byte-fallback) tokenizer.
 const SPECIAL: [&str; 4] = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 const ROLES: [&str; 3] = ["Ġsystem", "Ġuser", "Ġassistant"];
+const IM_END: usize = 3;
 /// Id of word 0.
 pub const FIRST_WORD_ID: usize = SPECIAL.len() + ROLES.len();
 
@@ -123,7 +124,14 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
     // Large embedding and head scales give well-separated logits, so greedy decoding is not
     // decided by float rounding between batched and single-token forwards.
     tensors.insert("model.embed_tokens.weight".into(), rng.tensor(&[v, h], 1.0)?);
-    tensors.insert("lm_head.weight".into(), rng.tensor(&[v, h], 1.0)?);
+    let mut lm_head = rng.tensor(&[v, h], 1.0)?;
+    if let Some(w) = spec.eos_word {
+        // <|im_end|>'s row: the word's row scaled by 1.001, so its logit wins exactly where
+        // the word's would (a positive maximum) and barely moves anything else.
+        let word_row = lm_head.narrow(0, FIRST_WORD_ID + w, 1)?.affine(1.001, 0.0)?;
+        lm_head = lm_head.slice_assign(&[IM_END..IM_END + 1, 0..h], &word_row)?;
+    }
+    tensors.insert("lm_head.weight".into(), lm_head);
     tensors.insert("model.norm.weight".into(), Tensor::ones(h, DType::F32, &Device::Cpu)?);
     for l in 0..spec.layers {
         let p = format!("model.layers.{l}");
@@ -162,7 +170,7 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
     }
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
 
-    let eos_id = spec.eos_word.map(|w| FIRST_WORD_ID + w).unwrap_or(1);
+    let eos_id = if spec.eos_word.is_some() { IM_END } else { 1 };
     let mut config = json!({
         "architectures": [match spec.arch { TinyArch::Llama => "LlamaForCausalLM", TinyArch::Qwen2 => "Qwen2ForCausalLM" }],
         "model_type": match spec.arch { TinyArch::Llama => "llama", TinyArch::Qwen2 => "qwen2" },
@@ -212,8 +220,7 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer)?)?;
     let tokenizer_config = json!({
         "bos_token": "<|im_start|>",
-        // The word EOS (if any) comes from generation_config.json's id.
-        "eos_token": "<|endoftext|>",
+        "eos_token": SPECIAL[eos_id],
         "unk_token": "<unk>",
         "model_max_length": 512,
         "chat_template": "{% for message in messages %}<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}",
