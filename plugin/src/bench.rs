@@ -188,6 +188,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<Vec<ModeSummary>> 
                 seconds: generation.seconds,
                 counters,
             };
+            tracing::info!(
+                "problem {index} {}: {} tokens in {:.1}s, answer {:?} ({}){}",
+                mode.name(),
+                run.completion_tokens,
+                run.seconds,
+                run.answer,
+                if run.correct { "correct" } else { "wrong" },
+                run.counters.as_ref().map(|c| format!(", τ {:.2}", c.mean_acceptance_length())).unwrap_or_default()
+            );
             writeln!(log, "{}", serde_json::to_string(&run)?)?;
             log.flush()?;
             runs.push(run);

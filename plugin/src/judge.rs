@@ -138,3 +138,103 @@ fn target_token_except(view: &StepView, position: usize, excluded: u32, rng: &mu
         sample(&probs, rng)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use mistralrs_core::speculative_hook::SamplingSettings;
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::step_view::with_view;
+
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+
+    /// A judge that always gives the same answer, counting how often it was asked.
+    struct Scripted {
+        name: &'static str,
+        rescue: bool,
+        veto: bool,
+        asked: Arc<AtomicUsize>,
+    }
+
+    impl Scripted {
+        fn new(name: &'static str, rescue: bool, veto: bool) -> Box<Self> {
+            Box::new(Self { name, rescue, veto, asked: Default::default() })
+        }
+    }
+
+    impl Judge for Scripted {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn rescues(&self, _: &StepView, _: usize) -> Result<bool> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            Ok(self.rescue)
+        }
+        fn vetoes(&self, _: &StepView, _: usize) -> Result<bool> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            Ok(self.veto)
+        }
+    }
+
+    /// Target arg-max is token 0 at the single position; the draft proposed `draft`.
+    fn decide(stack: &JudgeStack, draft: u32) -> PositionOutcome {
+        let target = vec![vec![3.0, 2.0, 1.0], vec![0.0, 0.0, 1.0]];
+        let draft_logits = vec![vec![0.0, 0.0, 0.0]];
+        with_view(&draft_logits, &target, &[draft], &SamplingSettings::default(), |view| {
+            stack.decide(view, 0, &mut StdRng::seed_from_u64(0), &Metrics::default()).unwrap()
+        })
+    }
+
+    fn stack(judges: Vec<Box<dyn Judge>>) -> JudgeStack {
+        JudgeStack { name: "test".into(), base: BaseRule::Exact, judges }
+    }
+
+    #[test]
+    fn no_judges_is_the_base_rule() {
+        assert_eq!(decide(&stack(vec![]), 0), PositionOutcome::Kept);
+        assert_eq!(decide(&stack(vec![]), 1), PositionOutcome::Refused { correction: 0 });
+    }
+
+    #[test]
+    fn a_rescuer_overturns_a_rejection() {
+        assert_eq!(decide(&stack(vec![Scripted::new("r", true, false)]), 2), PositionOutcome::Kept);
+    }
+
+    #[test]
+    fn a_veto_overturns_an_acceptance_and_the_correction_avoids_the_vetoed_token() {
+        // Draft 0 is the arg-max; vetoed, the emitted token is the best other one (1).
+        let outcome = decide(&stack(vec![Scripted::new("v", false, true)]), 0);
+        assert_eq!(outcome, PositionOutcome::Refused { correction: 1 });
+    }
+
+    #[test]
+    fn a_veto_beats_a_rescue() {
+        let judges: Vec<Box<dyn Judge>> = vec![Scripted::new("r", true, false), Scripted::new("v", false, true)];
+        assert_eq!(decide(&stack(judges), 2), PositionOutcome::Refused { correction: 0 });
+    }
+
+    #[test]
+    fn rescuers_are_not_asked_where_the_base_accepts() {
+        let rescuer = Scripted::new("r", true, false);
+        let asked = rescuer.asked.clone();
+        decide(&stack(vec![rescuer]), 0);
+        // Asked once: for a veto, never for a rescue.
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn judge_counters_record_rescues_and_vetoes() {
+        let metrics = Metrics::default();
+        let stack = stack(vec![Scripted::new("r", true, false)]);
+        let target = vec![vec![3.0, 2.0, 1.0], vec![0.0, 0.0, 1.0]];
+        with_view(&[vec![0.0; 3]], &target, &[2], &SamplingSettings::default(), |view| {
+            stack.decide(view, 0, &mut StdRng::seed_from_u64(0), &metrics).unwrap()
+        });
+        let c = metrics.snapshot();
+        assert_eq!((c.judges["r"].rescues, c.judges["r"].vetoes, c.judges["r"].calls), (1, 0, 2));
+    }
+}

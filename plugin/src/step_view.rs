@@ -84,3 +84,36 @@ pub fn draft_token(logits: &[f32], sampling: &SamplingSettings, rng: &mut impl R
         sample(&probabilities(logits, sampling), rng)
     }
 }
+
+/// Builds a [`VerifyContext`] from plain rows of logits, for tests of rules and judges.
+#[cfg(test)]
+pub(crate) fn with_view<R>(
+    draft_logits: &[Vec<f32>],
+    target_logits: &[Vec<f32>],
+    draft_tokens: &[u32],
+    sampling: &SamplingSettings,
+    body: impl FnOnce(&StepView) -> R,
+) -> R {
+    use candle_core::{Device, Tensor};
+    use mistralrs_core::speculative_hook::HiddenStates;
+    let to_tensor = |rows: &[Vec<f32>]| {
+        Tensor::from_vec(rows.concat(), (rows.len(), rows[0].len()), &Device::Cpu).unwrap()
+    };
+    let (draft, target) = (to_tensor(draft_logits), to_tensor(target_logits));
+    let hidden = HiddenStates::default();
+    let ctx = VerifyContext {
+        seq_id: 0,
+        prefix: &[],
+        draft_tokens,
+        draft_logits: &draft,
+        target_logits: &target,
+        target_hidden: &hidden,
+        draft_hidden: &hidden,
+        target_lm_head: None,
+        sampling,
+        draft_time: std::time::Duration::ZERO,
+        verify_time: std::time::Duration::ZERO,
+    };
+    let view = StepView::new(&ctx).unwrap();
+    body(&view)
+}

@@ -1,0 +1,55 @@
+//! The `verdict` binary's user surface: help text and errors that name the bad value.
+
+use std::process::Command;
+
+fn verdict(args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_verdict")).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), text)
+}
+
+#[test]
+fn help_lists_every_command() {
+    let (ok, text) = verdict(&["--help"]);
+    assert!(ok, "{text}");
+    for command in ["serve", "generate", "bench", "fetch-models", "forward-cost"] {
+        assert!(text.contains(command), "{command} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn unknown_config_key_is_named_with_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n[speculative]\ngama = 2\n").unwrap();
+    let (ok, text) = verdict(&["generate", "--config", path.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(!ok);
+    assert!(text.contains("unknown field `gama`") && text.contains("bad.toml"), "{text}");
+}
+
+#[test]
+fn missing_config_file_is_named() {
+    let (ok, text) = verdict(&["serve", "--config", "/nonexistent/verdict.toml"]);
+    assert!(!ok);
+    assert!(text.contains("/nonexistent/verdict.toml"), "{text}");
+}
+
+#[test]
+fn default_config_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
+    verdict::Config::load(path.as_ref()).unwrap();
+}
+
+#[test]
+fn unknown_bench_mode_is_named() {
+    let (ok, text) = verdict(&["bench", "--config", "x.toml", "--modes", "plain,greedy"]);
+    assert!(!ok);
+    assert!(text.contains("greedy"), "{text}");
+}
+
+#[test]
+fn unknown_model_name_lists_the_known_ones() {
+    let (ok, text) = verdict(&["fetch-models", "qwen-9000"]);
+    assert!(!ok);
+    assert!(text.contains("qwen-9000") && text.contains("--list"), "{text}");
+}
