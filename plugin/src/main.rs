@@ -169,6 +169,12 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
                 100.0 * c.draft_acceptance_rate(),
                 c.accepted_per_position
             );
+            eprintln!(
+                "time per step: draft {:.1} ms, verify {:.1} ms (prompt steps excluded), accept rule {:.2} ms",
+                1000.0 * c.draft_seconds / c.steps as f64,
+                1000.0 * Metrics::mean_verify_seconds(&c),
+                1000.0 * c.accept_seconds / c.steps as f64
+            );
         }
         Ok(())
     })
