@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::Config,
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
     rules::BaseRule,
@@ -112,7 +112,13 @@ fn load_checkpoint(path: &Path) -> Result<Vec<Run>> {
     Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
 }
 
-pub fn run(config: &Config, options: &BenchOptions) -> Result<Vec<ModeSummary>> {
+/// What `verdict bench` prints and writes.
+pub struct BenchReport {
+    pub summaries: Vec<ModeSummary>,
+    pub divergences: Vec<Divergence>,
+}
+
+pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     if options.modes.is_empty() {
         bail!("--modes is empty");
     }
@@ -205,6 +211,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<Vec<ModeSummary>> 
     }
     bar.finish_and_clear();
 
+    let divergences = runtime.block_on(explain_divergences(&plain, problems, &runs, config))?;
     let summaries = summarise(&runs, &options.modes);
     let report = serde_json::json!({
         "dataset": "gsm8k",
@@ -215,11 +222,76 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<Vec<ModeSummary>> 
         "draft": config.models.draft,
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
+        "divergences": divergences,
         "runs": runs,
     });
     fs::write(&options.out, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("cannot write {}", options.out.display()))?;
-    Ok(summaries)
+    Ok(BenchReport { summaries, divergences })
+}
+
+/// Where a speculative output first differs from plain decoding, and how close the plain
+/// target's two best tokens were there.
+#[derive(Clone, Debug, Serialize)]
+pub struct Divergence {
+    pub problem: usize,
+    pub modes: Vec<String>,
+    /// Index of the first differing generated token.
+    pub token_index: usize,
+    pub plain_token: String,
+    pub speculative_text_at: String,
+    /// The plain target's two best candidates there: (text, logit).
+    pub best: (String, f32),
+    pub runner_up: (String, f32),
+    pub logit_gap: f32,
+}
+
+/// Rerun plain decoding with the top candidates for every problem where a speculative mode
+/// differs, and locate the first differing token.
+async fn explain_divergences(plain: &Engine, problems: &[gsm8k::Problem], runs: &[Run], config: &Config) -> Result<Vec<Divergence>> {
+    let mut out = Vec::new();
+    let task = gsm8k::Gsm8k;
+    for (index_of_problem, problem) in problems.iter().enumerate() {
+        let Some(plain_run) = runs.iter().find(|r| r.problem == index_of_problem && r.mode == Mode::Plain) else { continue };
+        let differing: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.problem == index_of_problem && r.mode != Mode::Plain && r.text != plain_run.text)
+            .collect();
+        let Some(first) = differing.first() else { continue };
+        let generation = generate_with_top_tokens(&plain.mistralrs, &Prompt::Chat(task.prompt(problem)), &config.sampling, 2).await?;
+        // Text before each generated token, as the response reports it (leading space trimmed).
+        let mut boundaries = vec![String::new()];
+        for (token, _) in &generation.top_tokens {
+            let next = format!("{}{token}", boundaries.last().unwrap());
+            boundaries.push(next);
+        }
+        let spec_at = |i: usize| first.text.get(boundaries[i].trim_start().len()..).unwrap_or("");
+        let Some(mut index) = (0..generation.top_tokens.len()).find(|&i| !first.text.starts_with(boundaries[i + 1].trim_start())) else {
+            continue;
+        };
+        // A speculative token that extends the previous plain token (" The" → " Therefore")
+        // leaves the text equal one token longer: the choice was made a token earlier.
+        if index > 0 {
+            let (previous, top) = &generation.top_tokens[index - 1];
+            if top.iter().skip(1).any(|(_, t, _)| t.len() > previous.len() && spec_at(index - 1).starts_with(t.as_str())) {
+                index -= 1;
+            }
+        }
+        let (token, top) = &generation.top_tokens[index];
+        let candidate = |i: usize| top.get(i).map(|(_, t, score)| (t.clone(), *score)).unwrap_or_default();
+        let (best, runner_up) = (candidate(0), candidate(1));
+        out.push(Divergence {
+            problem: index_of_problem,
+            modes: differing.iter().map(|r| r.mode.name()).collect(),
+            token_index: index,
+            plain_token: token.clone(),
+            speculative_text_at: spec_at(index).chars().take(12).collect(),
+            logit_gap: best.1 - runner_up.1,
+            best,
+            runner_up,
+        });
+    }
+    Ok(out)
 }
 
 pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
@@ -287,6 +359,28 @@ fn add(a: &Counters, b: &Counters) -> Counters {
         accept_seconds: a.accept_seconds + b.accept_seconds,
         judges,
     }
+}
+
+/// One line per divergence from plain decoding.
+pub fn divergence_lines(divergences: &[Divergence]) -> String {
+    let mut out = String::new();
+    for d in divergences {
+        let _ = writeln!(
+            out,
+            "problem {} ({}): first differs at generated token {}: plain {:?}, speculative {:?}…; plain target's best {:?} (logit {:.3}) vs runner-up {:?} (logit {:.3}), gap {:.3}",
+            d.problem,
+            d.modes.join(", "),
+            d.token_index,
+            d.plain_token,
+            d.speculative_text_at,
+            d.best.0,
+            d.best.1,
+            d.runner_up.0,
+            d.runner_up.1,
+            d.logit_gap
+        );
+    }
+    out
 }
 
 /// The table people read; the JSON report holds the same figures.

@@ -172,6 +172,11 @@ pub struct Generation {
     /// The engine's own timing of the prompt and of the completion tokens.
     pub prompt_seconds: f64,
     pub completion_seconds: f64,
+    /// Per generated token, when asked for: its text and the best candidates as
+    /// (token id, text, score). Under greedy decoding mistral.rs 0.8.1 reports log10 of
+    /// the raw logit as the "logprob", so `score` is `10^logprob`, the logit itself.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub top_tokens: Vec<(String, Vec<(u32, String, f32)>)>,
 }
 
 pub fn sampling_params(sampling: &SamplingConfig) -> SamplingParams {
@@ -187,6 +192,16 @@ pub fn sampling_params(sampling: &SamplingConfig) -> SamplingParams {
 
 /// Run one request to completion.
 pub async fn generate(mistralrs: &MistralRs, prompt: &Prompt, sampling: &SamplingConfig) -> Result<Generation> {
+    generate_with_top_tokens(mistralrs, prompt, sampling, 0).await
+}
+
+/// [`generate`], also returning the `top_n` best candidates at every generated token.
+pub async fn generate_with_top_tokens(
+    mistralrs: &MistralRs,
+    prompt: &Prompt,
+    sampling: &SamplingConfig,
+    top_n: usize,
+) -> Result<Generation> {
     let message = match prompt {
         Prompt::Chat(text) => {
             let mut turn = IndexMap::new();
@@ -197,19 +212,22 @@ pub async fn generate(mistralrs: &MistralRs, prompt: &Prompt, sampling: &Samplin
         Prompt::Text(text) => RequestMessage::Completion { text: text.clone(), echo_prompt: false, best_of: None },
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-    let request = NormalRequest::new_simple(message, sampling_params(sampling), tx, mistralrs.next_request_id(), None, None);
+    let mut params = sampling_params(sampling);
+    params.top_n_logprobs = top_n;
+    let mut request = NormalRequest::new_simple(message, params, tx, mistralrs.next_request_id(), None, None);
+    request.return_logprobs = top_n > 0;
     let start = Instant::now();
     mistralrs.get_sender(None)?.send(Request::Normal(Box::new(request))).await.context("the engine stopped")?;
     let response = rx.recv().await.context("the engine dropped the request")?;
     let seconds = start.elapsed().as_secs_f64();
-    let (text, finish_reason, usage) = match response {
+    let (text, finish_reason, usage, logprobs) = match response {
         Response::Done(r) => {
             let choice = r.choices.into_iter().next().context("no choice in response")?;
-            (choice.message.content.unwrap_or_default(), choice.finish_reason, r.usage)
+            (choice.message.content.unwrap_or_default(), choice.finish_reason, r.usage, choice.logprobs)
         }
         Response::CompletionDone(r) => {
             let choice = r.choices.into_iter().next().context("no choice in response")?;
-            (choice.text, choice.finish_reason, r.usage)
+            (choice.text, choice.finish_reason, r.usage, choice.logprobs)
         }
         Response::InternalError(e) | Response::ValidationError(e) => bail!("request failed: {e}"),
         Response::ModelError(e, _) | Response::CompletionModelError(e, _) => bail!("model error: {e}"),
@@ -223,5 +241,14 @@ pub async fn generate(mistralrs: &MistralRs, prompt: &Prompt, sampling: &Samplin
         seconds,
         prompt_seconds: usage.total_prompt_time_sec as f64,
         completion_seconds: usage.total_completion_time_sec as f64,
+        top_tokens: logprobs
+            .and_then(|l| l.content)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| {
+                let top = t.top_logprobs.into_iter().map(|c| (c.token, c.bytes.unwrap_or_default(), 10f32.powf(c.logprob))).collect();
+                (t.token, top)
+            })
+            .collect(),
     })
 }

@@ -104,8 +104,11 @@ fn main() -> Result<()> {
             let data_dir = data_dir
                 .or_else(|| std::env::var_os("VERDICT_GSM8K").map(PathBuf::from))
                 .unwrap_or_else(|| PathBuf::from("../shared/data/gsm8k"));
-            let summaries = bench::run(&config, &BenchOptions { data_dir, split, limit, modes, out: out.clone() })?;
-            println!("{}", bench::table(&summaries));
+            let report = bench::run(&config, &BenchOptions { data_dir, split, limit, modes, out: out.clone() })?;
+            println!("{}", bench::table(&report.summaries));
+            if !report.divergences.is_empty() {
+                println!("Outputs that differ from plain decoding:\n{}", bench::divergence_lines(&report.divergences));
+            }
             eprintln!("report written to {}", out.display());
             Ok(())
         }
