@@ -308,7 +308,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
             let counters = mine.iter().filter_map(|r| r.counters.as_ref()).fold(None::<Counters>, |acc, c| {
                 Some(match acc {
                     None => c.clone(),
-                    Some(total) => add(&total, c),
+                    Some(total) => total.plus(c),
                 })
             });
             let tps = tokens_per_second(mode);
@@ -327,38 +327,6 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
             }
         })
         .collect()
-}
-
-/// Sum of two counter sets (`since` in reverse).
-fn add(a: &Counters, b: &Counters) -> Counters {
-    let mut per_position = a.accepted_per_position.clone();
-    if per_position.len() < b.accepted_per_position.len() {
-        per_position.resize(b.accepted_per_position.len(), 0);
-    }
-    for (slot, n) in per_position.iter_mut().zip(&b.accepted_per_position) {
-        *slot += n;
-    }
-    let mut judges = a.judges.clone();
-    for (name, j) in &b.judges {
-        let slot = judges.entry(name.clone()).or_default();
-        slot.calls += j.calls;
-        slot.rescues += j.rescues;
-        slot.vetoes += j.vetoes;
-        slot.seconds += j.seconds;
-    }
-    Counters {
-        steps: a.steps + b.steps,
-        draft_tokens: a.draft_tokens + b.draft_tokens,
-        accepted_tokens: a.accepted_tokens + b.accepted_tokens,
-        emitted_tokens: a.emitted_tokens + b.emitted_tokens,
-        accepted_per_position: per_position,
-        draft_seconds: a.draft_seconds + b.draft_seconds,
-        verify_seconds: a.verify_seconds + b.verify_seconds,
-        prefill_steps: a.prefill_steps + b.prefill_steps,
-        prefill_verify_seconds: a.prefill_verify_seconds + b.prefill_verify_seconds,
-        accept_seconds: a.accept_seconds + b.accept_seconds,
-        judges,
-    }
 }
 
 /// One line per divergence from plain decoding.

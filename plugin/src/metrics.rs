@@ -51,6 +51,39 @@ impl Counters {
         self.accepted_tokens as f64 / self.draft_tokens as f64
     }
 
+    /// The sum of two sets of counters (the inverse of [`Counters::since`]).
+    pub fn plus(&self, b: &Counters) -> Counters {
+        let a = self;
+        let mut per_position = a.accepted_per_position.clone();
+        if per_position.len() < b.accepted_per_position.len() {
+            per_position.resize(b.accepted_per_position.len(), 0);
+        }
+        for (slot, n) in per_position.iter_mut().zip(&b.accepted_per_position) {
+            *slot += n;
+        }
+        let mut judges = a.judges.clone();
+        for (name, j) in &b.judges {
+            let slot = judges.entry(name.clone()).or_default();
+            slot.calls += j.calls;
+            slot.rescues += j.rescues;
+            slot.vetoes += j.vetoes;
+            slot.seconds += j.seconds;
+        }
+        Counters {
+            steps: a.steps + b.steps,
+            draft_tokens: a.draft_tokens + b.draft_tokens,
+            accepted_tokens: a.accepted_tokens + b.accepted_tokens,
+            emitted_tokens: a.emitted_tokens + b.emitted_tokens,
+            accepted_per_position: per_position,
+            draft_seconds: a.draft_seconds + b.draft_seconds,
+            verify_seconds: a.verify_seconds + b.verify_seconds,
+            prefill_steps: a.prefill_steps + b.prefill_steps,
+            prefill_verify_seconds: a.prefill_verify_seconds + b.prefill_verify_seconds,
+            accept_seconds: a.accept_seconds + b.accept_seconds,
+            judges,
+        }
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(&self, earlier: &Counters) -> Counters {
         let mut per_position = self.accepted_per_position.clone();
