@@ -5,7 +5,10 @@
 
 use std::{
     collections::HashSet,
-    sync::{Arc, Mutex, RwLock},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, RwLock,
+    },
     time::Instant,
 };
 
@@ -29,6 +32,9 @@ pub struct VerdictRule {
     step_log: Mutex<Option<Vec<StepReport>>>,
     /// Sequences past their first step; the first verify forward also processes the prompt.
     running: Mutex<HashSet<usize>>,
+    /// Steps decided but not yet reported: mistral.rs answers a request while committing
+    /// its last tokens, a moment before that step's report arrives.
+    steps_in_flight: AtomicUsize,
 }
 
 impl VerdictRule {
@@ -39,6 +45,7 @@ impl VerdictRule {
             metrics,
             step_log: Mutex::new(None),
             running: Mutex::new(HashSet::new()),
+            steps_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -67,6 +74,18 @@ impl VerdictRule {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .unwrap_or_default()
+    }
+
+    /// Wait (at most 2 s) until every decided step has been reported, so metrics read after
+    /// a response include its last step.
+    pub async fn settle(&self) {
+        for _ in 0..2000 {
+            if self.steps_in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        tracing::warn!("a speculative step was decided but never reported");
     }
 
     fn rng(&self) -> std::sync::MutexGuard<'_, StdRng> {
@@ -99,6 +118,7 @@ impl AcceptRule for VerdictRule {
 
     fn accept(&self, ctx: &VerifyContext<'_>) -> candle_core::Result<AcceptDecision> {
         let start = Instant::now();
+        self.steps_in_flight.fetch_add(1, Ordering::AcqRel);
         let stack = self.stack();
         let view = StepView::new(ctx).map_err(to_candle)?;
         let mut rng = self.rng();
@@ -131,6 +151,8 @@ impl AcceptRule for VerdictRule {
 
     fn observe(&self, report: &StepReport) {
         self.metrics.record_step(report);
+        // Saturating: a step whose accept() failed is never reported, and vice versa.
+        let _ = self.steps_in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         if report.finished {
             self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&report.seq_id);
         }

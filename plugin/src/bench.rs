@@ -179,6 +179,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         engine.rule.as_ref().unwrap().set_stack(JudgeStack::lossless(rule));
                         let before = metrics.snapshot();
                         let generation = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
+                        engine.rule.as_ref().unwrap().settle().await;
                         Ok((generation, Some(metrics.snapshot().since(&before))))
                     }
                 }

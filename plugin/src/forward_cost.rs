@@ -50,6 +50,7 @@ pub fn measure(config: &Config, sizes: &[usize], max_tokens: usize, repeats: usi
             decode_steps += g.completion_tokens.saturating_sub(1) as u64;
             for (_, engine, _) in &engines {
                 generate(&engine.mistralrs, &prompt, &sampling).await?;
+                engine.rule.as_ref().unwrap().settle().await;
             }
         }
         let one = 1000.0 * decode_seconds / decode_steps.max(1) as f64;

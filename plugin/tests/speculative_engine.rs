@@ -38,6 +38,7 @@ fn decode_all(dir: &std::path::Path, prompts: &[String], max_tokens: usize) -> (
             let mut texts = Vec::new();
             for p in prompts {
                 texts.push(generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
+                rule.settle().await;
             }
             speculative.push((base, texts, rule.recorded_steps()));
         }
