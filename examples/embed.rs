@@ -16,8 +16,15 @@ use verdict::{
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let config = Config::load(args.next().as_deref().unwrap_or("configs/default.toml").as_ref())?;
-    let prompt = args.next().unwrap_or_else(|| "What is 17 * 23?".to_string());
+    let config = Config::load(
+        args.next()
+            .as_deref()
+            .unwrap_or("configs/default.toml")
+            .as_ref(),
+    )?;
+    let prompt = args
+        .next()
+        .unwrap_or_else(|| "What is 17 * 23?".to_string());
 
     // Models load once; any number of engines (plain or speculative) can share them.
     let models = LoadedModels::load(&config)?;
@@ -25,13 +32,26 @@ fn main() -> Result<()> {
         let metrics = Arc::new(Metrics::default());
         // Lossless speculative sampling; judges go into `JudgeStack::judges`.
         let stack = JudgeStack::lossless(BaseRule::Rejection);
-        let engine = Engine::speculative(&models, config.speculative.gamma, stack, 0, metrics.clone(), 1).await?;
+        let engine = Engine::speculative(
+            &models,
+            config.speculative.gamma,
+            stack,
+            0,
+            metrics.clone(),
+            1,
+        )
+        .await?;
         // `engine.mistralrs` is a plain `Arc<mistralrs_core::MistralRs>`: hand it to
         // mistralrs-server-core's router, or send `Request`s to it as below.
         let answer = generate(&engine.mistralrs, &Prompt::Chat(prompt), &config.sampling).await?;
         println!("{}", answer.text);
         let c = metrics.snapshot();
-        println!("τ = {:.2} over {} steps, {:.1}% of drafts kept", c.mean_acceptance_length(), c.steps, 100.0 * c.draft_acceptance_rate());
+        println!(
+            "τ = {:.2} over {} steps, {:.1}% of drafts kept",
+            c.mean_acceptance_length(),
+            c.steps,
+            100.0 * c.draft_acceptance_rate()
+        );
         Ok(())
     })
 }

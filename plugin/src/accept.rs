@@ -140,10 +140,16 @@ impl AcceptRule for VerdictRule {
             // Every draft kept: the bonus token comes from the target's last position.
             None => AcceptDecision {
                 accepted: view.gamma(),
-                next_token: view.target_token(view.gamma(), &mut *rng).map_err(to_candle)?,
+                next_token: view
+                    .target_token(view.gamma(), &mut *rng)
+                    .map_err(to_candle)?,
             },
         };
-        let prefill = self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(ctx.seq_id);
+        let prefill = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ctx.seq_id);
         self.metrics
             .record_timing(ctx.draft_time, ctx.verify_time, start.elapsed(), prefill);
         Ok(decision)
@@ -152,9 +158,14 @@ impl AcceptRule for VerdictRule {
     fn observe(&self, report: &StepReport) {
         self.metrics.record_step(report);
         // Saturating: a step whose accept() failed is never reported, and vice versa.
-        let _ = self.steps_in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        let _ = self
+            .steps_in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         if report.finished {
-            self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&report.seq_id);
+            self.running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&report.seq_id);
         }
         if let Some(log) = self
             .step_log

@@ -109,7 +109,10 @@ fn load_checkpoint(path: &Path) -> Result<Vec<Run>> {
     }
     let text = fs::read_to_string(path)?;
     // A line cut short by a crash is dropped; the run is simply redone.
-    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
 }
 
 /// What `verdict bench` prints and writes.
@@ -124,7 +127,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     let problems = gsm8k::load(&options.data_dir, &options.split)?;
     let problems = &problems[..options.limit.min(problems.len())];
-    let needs_draft = options.modes.iter().any(|m| matches!(m, Mode::Speculative(_)));
+    let needs_draft = options
+        .modes
+        .iter()
+        .any(|m| matches!(m, Mode::Speculative(_)));
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes need models.draft in the config");
     }
@@ -137,7 +143,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     runs.retain(|r| r.problem < problems.len() && options.modes.contains(&r.mode));
     let done: HashSet<(usize, Mode)> = runs.iter().map(|r| (r.problem, r.mode)).collect();
     if !done.is_empty() {
-        tracing::info!("resuming: {} runs already in {}", done.len(), checkpoint.display());
+        tracing::info!(
+            "resuming: {} runs already in {}",
+            done.len(),
+            checkpoint.display()
+        );
     }
 
     let models = LoadedModels::load(config)?;
@@ -147,7 +157,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         let plain = Engine::plain(&models, 1).await;
         let speculative = match needs_draft {
             true => Some(
-                Engine::speculative(&models, config.speculative.gamma, JudgeStack::lossless(config.speculative.base_rule), config.speculative.seed, metrics.clone(), 1).await?,
+                Engine::speculative(
+                    &models,
+                    config.speculative.gamma,
+                    JudgeStack::lossless(config.speculative.base_rule),
+                    config.speculative.seed,
+                    metrics.clone(),
+                    1,
+                )
+                .await?,
             ),
             false => None,
         };
@@ -156,10 +174,16 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
 
     let total = problems.len() * options.modes.len();
     let bar = ProgressBar::new(total as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {elapsed} elapsed, ETA {eta}  {msg}").unwrap(),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} runs  {elapsed} elapsed, ETA {eta}  {msg}",
+        )
+        .unwrap(),
     );
     bar.set_position(done.len() as u64);
-    let mut log = fs::OpenOptions::new().create(true).append(true).open(&checkpoint)?;
+    let mut log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&checkpoint)?;
     let task = gsm8k::Gsm8k;
     for (index, problem) in problems.iter().enumerate() {
         // Rotate the order per problem so no mode always runs first (warm caches, turbo).
@@ -171,20 +195,31 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             }
             bar.set_message(format!("problem {index} {}", mode.name()));
             let prompt = Prompt::Chat(task.prompt(problem));
-            let (generation, counters) = runtime.block_on(async {
-                match mode {
-                    Mode::Plain => Ok::<_, anyhow::Error>((generate(&plain.mistralrs, &prompt, &config.sampling).await?, None)),
-                    Mode::Speculative(rule) => {
-                        let engine = speculative.as_ref().expect("built when a speculative mode is asked for");
-                        engine.rule.as_ref().unwrap().set_stack(JudgeStack::lossless(rule));
-                        let before = metrics.snapshot();
-                        let generation = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
-                        engine.rule.as_ref().unwrap().settle().await;
-                        Ok((generation, Some(metrics.snapshot().since(&before))))
+            let (generation, counters) = runtime
+                .block_on(async {
+                    match mode {
+                        Mode::Plain => Ok::<_, anyhow::Error>((
+                            generate(&plain.mistralrs, &prompt, &config.sampling).await?,
+                            None,
+                        )),
+                        Mode::Speculative(rule) => {
+                            let engine = speculative
+                                .as_ref()
+                                .expect("built when a speculative mode is asked for");
+                            engine
+                                .rule
+                                .as_ref()
+                                .unwrap()
+                                .set_stack(JudgeStack::lossless(rule));
+                            let before = metrics.snapshot();
+                            let generation =
+                                generate(&engine.mistralrs, &prompt, &config.sampling).await?;
+                            engine.rule.as_ref().unwrap().settle().await;
+                            Ok((generation, Some(metrics.snapshot().since(&before))))
+                        }
                     }
-                }
-            })
-            .with_context(|| format!("problem {index}, mode {}", mode.name()))?;
+                })
+                .with_context(|| format!("problem {index}, mode {}", mode.name()))?;
             let run = Run {
                 problem: index,
                 mode,
@@ -202,7 +237,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 run.seconds,
                 run.answer,
                 if run.correct { "correct" } else { "wrong" },
-                run.counters.as_ref().map(|c| format!(", τ {:.2}", c.mean_acceptance_length())).unwrap_or_default()
+                run.counters
+                    .as_ref()
+                    .map(|c| format!(", τ {:.2}", c.mean_acceptance_length()))
+                    .unwrap_or_default()
             );
             writeln!(log, "{}", serde_json::to_string(&run)?)?;
             log.flush()?;
@@ -228,7 +266,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     });
     fs::write(&options.out, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("cannot write {}", options.out.display()))?;
-    Ok(BenchReport { summaries, divergences })
+    Ok(BenchReport {
+        summaries,
+        divergences,
+    })
 }
 
 /// Where a speculative output first differs from plain decoding, and how close the plain
@@ -249,37 +290,70 @@ pub struct Divergence {
 
 /// Rerun plain decoding with the top candidates for every problem where a speculative mode
 /// differs, and locate the first differing token.
-async fn explain_divergences(plain: &Engine, problems: &[gsm8k::Problem], runs: &[Run], config: &Config) -> Result<Vec<Divergence>> {
+async fn explain_divergences(
+    plain: &Engine,
+    problems: &[gsm8k::Problem],
+    runs: &[Run],
+    config: &Config,
+) -> Result<Vec<Divergence>> {
     let mut out = Vec::new();
     let task = gsm8k::Gsm8k;
     for (index_of_problem, problem) in problems.iter().enumerate() {
-        let Some(plain_run) = runs.iter().find(|r| r.problem == index_of_problem && r.mode == Mode::Plain) else { continue };
+        let Some(plain_run) = runs
+            .iter()
+            .find(|r| r.problem == index_of_problem && r.mode == Mode::Plain)
+        else {
+            continue;
+        };
         let differing: Vec<&Run> = runs
             .iter()
-            .filter(|r| r.problem == index_of_problem && r.mode != Mode::Plain && r.text != plain_run.text)
+            .filter(|r| {
+                r.problem == index_of_problem && r.mode != Mode::Plain && r.text != plain_run.text
+            })
             .collect();
-        let Some(first) = differing.first() else { continue };
-        let generation = generate_with_top_tokens(&plain.mistralrs, &Prompt::Chat(task.prompt(problem)), &config.sampling, 2).await?;
+        let Some(first) = differing.first() else {
+            continue;
+        };
+        let generation = generate_with_top_tokens(
+            &plain.mistralrs,
+            &Prompt::Chat(task.prompt(problem)),
+            &config.sampling,
+            2,
+        )
+        .await?;
         // Text before each generated token, as the response reports it (leading space trimmed).
         let mut boundaries = vec![String::new()];
         for (token, _) in &generation.top_tokens {
             let next = format!("{}{token}", boundaries.last().unwrap());
             boundaries.push(next);
         }
-        let spec_at = |i: usize| first.text.get(boundaries[i].trim_start().len()..).unwrap_or("");
-        let Some(mut index) = (0..generation.top_tokens.len()).find(|&i| !first.text.starts_with(boundaries[i + 1].trim_start())) else {
+        let spec_at = |i: usize| {
+            first
+                .text
+                .get(boundaries[i].trim_start().len()..)
+                .unwrap_or("")
+        };
+        let Some(mut index) = (0..generation.top_tokens.len())
+            .find(|&i| !first.text.starts_with(boundaries[i + 1].trim_start()))
+        else {
             continue;
         };
         // A speculative token that extends the previous plain token (" The" → " Therefore")
         // leaves the text equal one token longer: the choice was made a token earlier.
         if index > 0 {
             let (previous, top) = &generation.top_tokens[index - 1];
-            if top.iter().skip(1).any(|(_, t, _)| t.len() > previous.len() && spec_at(index - 1).starts_with(t.as_str())) {
+            if top.iter().skip(1).any(|(_, t, _)| {
+                t.len() > previous.len() && spec_at(index - 1).starts_with(t.as_str())
+            }) {
                 index -= 1;
             }
         }
         let (token, top) = &generation.top_tokens[index];
-        let candidate = |i: usize| top.get(i).map(|(_, t, score)| (t.clone(), *score)).unwrap_or_default();
+        let candidate = |i: usize| {
+            top.get(i)
+                .map(|(_, t, score)| (t.clone(), *score))
+                .unwrap_or_default()
+        };
         let (best, runner_up) = (candidate(0), candidate(1));
         out.push(Divergence {
             problem: index_of_problem,
@@ -296,34 +370,59 @@ async fn explain_divergences(plain: &Engine, problems: &[gsm8k::Problem], runs: 
 }
 
 pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
-    let plain_text: BTreeMap<usize, &str> = runs.iter().filter(|r| r.mode == Mode::Plain).map(|r| (r.problem, r.text.as_str())).collect();
+    let plain_text: BTreeMap<usize, &str> = runs
+        .iter()
+        .filter(|r| r.mode == Mode::Plain)
+        .map(|r| (r.problem, r.text.as_str()))
+        .collect();
     let tokens_per_second = |mode: Mode| {
-        let (tokens, seconds) = runs.iter().filter(|r| r.mode == mode).fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + r.seconds));
-        if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
+        let (tokens, seconds) = runs
+            .iter()
+            .filter(|r| r.mode == mode)
+            .fold((0usize, 0f64), |(t, s), r| {
+                (t + r.completion_tokens, s + r.seconds)
+            });
+        if seconds > 0.0 {
+            tokens as f64 / seconds
+        } else {
+            0.0
+        }
     };
-    let plain_tps = modes.contains(&Mode::Plain).then(|| tokens_per_second(Mode::Plain));
+    let plain_tps = modes
+        .contains(&Mode::Plain)
+        .then(|| tokens_per_second(Mode::Plain));
     modes
         .iter()
         .map(|&mode| {
             let mine: Vec<&Run> = runs.iter().filter(|r| r.mode == mode).collect();
-            let counters = mine.iter().filter_map(|r| r.counters.as_ref()).fold(None::<Counters>, |acc, c| {
-                Some(match acc {
-                    None => c.clone(),
-                    Some(total) => total.plus(c),
-                })
-            });
+            let counters =
+                mine.iter()
+                    .filter_map(|r| r.counters.as_ref())
+                    .fold(None::<Counters>, |acc, c| {
+                        Some(match acc {
+                            None => c.clone(),
+                            Some(total) => total.plus(c),
+                        })
+                    });
             let tps = tokens_per_second(mode);
             ModeSummary {
                 mode: mode.name(),
                 problems: mine.len(),
-                accuracy: mine.iter().filter(|r| r.correct).count() as f64 / mine.len().max(1) as f64,
+                accuracy: mine.iter().filter(|r| r.correct).count() as f64
+                    / mine.len().max(1) as f64,
                 mean_acceptance_length: counters.as_ref().map(Counters::mean_acceptance_length),
                 draft_acceptance_rate: counters.as_ref().map(Counters::draft_acceptance_rate),
                 tokens_per_second: tps,
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
-                identical_to_plain: (!plain_text.is_empty() && mode != Mode::Plain)
-                    .then(|| mine.iter().filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str())).count()),
-                accept_share_of_verify: counters.as_ref().filter(|c| c.verify_seconds + c.prefill_verify_seconds > 0.0).map(|c| c.accept_seconds / (c.verify_seconds + c.prefill_verify_seconds)),
+                identical_to_plain: (!plain_text.is_empty() && mode != Mode::Plain).then(|| {
+                    mine.iter()
+                        .filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str()))
+                        .count()
+                }),
+                accept_share_of_verify: counters
+                    .as_ref()
+                    .filter(|c| c.verify_seconds + c.prefill_verify_seconds > 0.0)
+                    .map(|c| c.accept_seconds / (c.verify_seconds + c.prefill_verify_seconds)),
                 counters,
             }
         })
@@ -359,7 +458,10 @@ pub fn table(summaries: &[ModeSummary]) -> String {
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
     let dash = || "–".to_string();
     let fixed = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_else(dash);
-    let percent = |v: Option<f64>, digits: usize| v.map(|v| format!("{:.digits$}%", 100.0 * v)).unwrap_or_else(dash);
+    let percent = |v: Option<f64>, digits: usize| {
+        v.map(|v| format!("{:.digits$}%", 100.0 * v))
+            .unwrap_or_else(dash)
+    };
     for s in summaries {
         let _ = writeln!(
             out,
@@ -370,8 +472,12 @@ pub fn table(summaries: &[ModeSummary]) -> String {
             fixed(s.mean_acceptance_length),
             percent(s.draft_acceptance_rate, 1),
             s.tokens_per_second,
-            s.speed_vs_plain.map(|r| format!("{r:.2}×")).unwrap_or_else(dash),
-            s.identical_to_plain.map(|n| format!("{n}/{}", s.problems)).unwrap_or_else(dash),
+            s.speed_vs_plain
+                .map(|r| format!("{r:.2}×"))
+                .unwrap_or_else(dash),
+            s.identical_to_plain
+                .map(|n| format!("{n}/{}", s.problems))
+                .unwrap_or_else(dash),
             percent(s.accept_share_of_verify, 2),
         );
     }

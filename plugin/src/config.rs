@@ -138,14 +138,20 @@ impl Config {
             bail!("speculative.gamma must be at least 1 (tokens drafted per step), got 0");
         }
         if s.gamma > 32 {
-            bail!("speculative.gamma = {} is out of range; use 1..=32", s.gamma);
+            bail!(
+                "speculative.gamma = {} is out of range; use 1..=32",
+                s.gamma
+            );
         }
         if s.enabled && self.models.draft.is_none() {
             bail!("speculative.enabled = true needs models.draft; set it or disable speculation");
         }
         let t = &self.sampling;
         if !(t.temperature >= 0.0 && t.temperature.is_finite()) {
-            bail!("sampling.temperature must be a finite number >= 0, got {}", t.temperature);
+            bail!(
+                "sampling.temperature must be a finite number >= 0, got {}",
+                t.temperature
+            );
         }
         if let Some(p) = t.top_p {
             if !(p > 0.0 && p <= 1.0) {
@@ -166,7 +172,11 @@ impl Config {
                 bail!(
                     "judge[{i}].kind = {:?} is not a judge this build knows (known: {})",
                     judge.kind,
-                    if KNOWN_JUDGES.is_empty() { "none yet".to_string() } else { KNOWN_JUDGES.join(", ") }
+                    if KNOWN_JUDGES.is_empty() {
+                        "none yet".to_string()
+                    } else {
+                        KNOWN_JUDGES.join(", ")
+                    }
                 );
             }
         }
@@ -208,7 +218,10 @@ mod tests {
     #[test]
     fn gamma_zero_is_refused() {
         let err = error_of(&format!("{MINIMAL}[speculative]\ngamma = 0\n"));
-        assert!(err.contains("speculative.gamma must be at least 1"), "{err}");
+        assert!(
+            err.contains("speculative.gamma must be at least 1"),
+            "{err}"
+        );
     }
 
     #[test]

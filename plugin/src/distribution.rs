@@ -51,7 +51,10 @@ pub fn probabilities(logits: &[f32], sampling: &SamplingSettings) -> Vec<f32> {
     }
     if let Some(min_p) = sampling.min_p {
         let floor = probs.iter().copied().fold(0.0, f32::max) * min_p as f32;
-        probs.iter_mut().filter(|p| **p < floor).for_each(|p| *p = 0.0);
+        probs
+            .iter_mut()
+            .filter(|p| **p < floor)
+            .for_each(|p| *p = 0.0);
     }
     normalise(&mut probs);
     probs
@@ -97,7 +100,10 @@ mod tests {
     #[test]
     fn softmax_matches_hand_computed_values() {
         let p = probabilities(&[0.0, (3.0f32).ln()], &sampled(1.0));
-        assert!((p[0] - 0.25).abs() < 1e-6 && (p[1] - 0.75).abs() < 1e-6, "{p:?}");
+        assert!(
+            (p[0] - 0.25).abs() < 1e-6 && (p[1] - 0.75).abs() < 1e-6,
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -108,17 +114,32 @@ mod tests {
     }
 
     fn assert_close(got: &[f32], want: &[f32]) {
-        assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6), "{got:?} vs {want:?}");
+        assert!(
+            got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6),
+            "{got:?} vs {want:?}"
+        );
     }
 
     #[test]
     fn top_k_and_top_p_keep_the_head() {
         let logits = [4.0f32, 3.0, 2.0, 1.0].map(|x| x.ln());
-        let top_k = SamplingSettings { top_k: Some(2), ..sampled(1.0) };
-        assert_close(&probabilities(&logits, &top_k), &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
+        let top_k = SamplingSettings {
+            top_k: Some(2),
+            ..sampled(1.0)
+        };
+        assert_close(
+            &probabilities(&logits, &top_k),
+            &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0],
+        );
         // 0.4 + 0.3 = 0.7 reaches top_p = 0.65.
-        let top_p = SamplingSettings { top_p: Some(0.65), ..sampled(1.0) };
-        assert_close(&probabilities(&logits, &top_p), &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
+        let top_p = SamplingSettings {
+            top_p: Some(0.65),
+            ..sampled(1.0)
+        };
+        assert_close(
+            &probabilities(&logits, &top_p),
+            &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0],
+        );
     }
 
     #[test]
@@ -129,7 +150,10 @@ mod tests {
 
     #[test]
     fn residual_is_the_positive_part() {
-        assert_eq!(residual(&[0.5, 0.5, 0.0], &[0.25, 0.5, 0.25]), vec![0.25, 0.0, 0.0]);
+        assert_eq!(
+            residual(&[0.5, 0.5, 0.0], &[0.25, 0.5, 0.25]),
+            vec![0.25, 0.0, 0.0]
+        );
         assert_eq!(residual(&[0.5, 0.5], &[0.5, 0.5]), vec![0.5, 0.5]);
     }
 

@@ -29,7 +29,8 @@ pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
 pub const MODEL_ID: &str = "verdict";
 
 fn absolute(path: &Path) -> Result<String> {
-    let abs = std::fs::canonicalize(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let abs =
+        std::fs::canonicalize(path).with_context(|| format!("cannot open {}", path.display()))?;
     Ok(abs.to_string_lossy().into_owned())
 }
 
@@ -39,8 +40,21 @@ fn loader_for(source: &ModelSource) -> Result<Box<dyn Loader>> {
     match source {
         ModelSource::Gguf(file) => {
             let dir = absolute(file.parent().unwrap_or(Path::new(".")))?;
-            let name = file.file_name().context("GGUF path has no file name")?.to_string_lossy().into_owned();
-            Ok(GGUFLoaderBuilder::new(None, None, dir, vec![name], GGUFSpecificConfig::default(), false, None).build())
+            let name = file
+                .file_name()
+                .context("GGUF path has no file name")?
+                .to_string_lossy()
+                .into_owned();
+            Ok(GGUFLoaderBuilder::new(
+                None,
+                None,
+                dir,
+                vec![name],
+                GGUFSpecificConfig::default(),
+                false,
+                None,
+            )
+            .build())
         }
         ModelSource::Safetensors(dir) => NormalLoaderBuilder::new(
             NormalSpecificConfig::default(),
@@ -59,9 +73,22 @@ pub fn load_pipeline(source: &ModelSource) -> Result<SharedPipeline> {
     tracing::info!("loading {}", source.path().display());
     let start = Instant::now();
     let pipeline = loader_for(source)?
-        .load_model_from_hf(None, TokenSource::None, &ModelDType::F32, &Device::Cpu, true, DeviceMapSetting::dummy(), None, None)
+        .load_model_from_hf(
+            None,
+            TokenSource::None,
+            &ModelDType::F32,
+            &Device::Cpu,
+            true,
+            DeviceMapSetting::dummy(),
+            None,
+            None,
+        )
         .with_context(|| format!("cannot load model {}", source.path().display()))?;
-    tracing::info!("loaded {} in {:.1}s", source.path().display(), start.elapsed().as_secs_f64());
+    tracing::info!(
+        "loaded {} in {:.1}s",
+        source.path().display(),
+        start.elapsed().as_secs_f64()
+    );
     Ok(pipeline)
 }
 
@@ -89,12 +116,21 @@ impl LoadedModels {
             }
             None => None,
         };
-        Ok(Self { target, target_source, draft })
+        Ok(Self {
+            target,
+            target_source,
+            draft,
+        })
     }
 }
 
 /// Speculation needs one token space; say which models differ and how.
-fn check_same_vocabulary(target: &SharedPipeline, target_source: &ModelSource, draft: &SharedPipeline, draft_source: &ModelSource) -> Result<()> {
+fn check_same_vocabulary(
+    target: &SharedPipeline,
+    target_source: &ModelSource,
+    draft: &SharedPipeline,
+    draft_source: &ModelSource,
+) -> Result<()> {
     let vocab = |p: &SharedPipeline| p.blocking_lock().tokenizer().map(|t| t.get_vocab(true));
     let (t, d) = (vocab(target), vocab(draft));
     let (Some(t), Some(d)) = (t, d) else {
@@ -122,12 +158,17 @@ pub struct Engine {
 
 async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, max_seqs: usize) -> Arc<MistralRs> {
     let method = DefaultSchedulerMethod::Fixed(NonZeroUsize::new(max_seqs.max(1)).unwrap());
-    MistralRsBuilder::new(pipeline, SchedulerConfig::DefaultScheduler { method }, false, None)
-        .with_model_id(MODEL_ID)
-        // The prefix cacher restores only the target's cache, never the draft's.
-        .with_no_prefix_cache(true)
-        .build()
-        .await
+    MistralRsBuilder::new(
+        pipeline,
+        SchedulerConfig::DefaultScheduler { method },
+        false,
+        None,
+    )
+    .with_model_id(MODEL_ID)
+    // The prefix cacher restores only the target's cache, never the draft's.
+    .with_no_prefix_cache(true)
+    .build()
+    .await
 }
 
 impl Engine {
@@ -140,12 +181,22 @@ impl Engine {
     }
 
     /// Speculative decoding with the draft, γ drafts per step, and `stack` deciding.
-    pub async fn speculative(models: &LoadedModels, gamma: usize, stack: JudgeStack, seed: u64, metrics: Arc<Metrics>, max_seqs: usize) -> Result<Self> {
+    pub async fn speculative(
+        models: &LoadedModels,
+        gamma: usize,
+        stack: JudgeStack,
+        seed: u64,
+        metrics: Arc<Metrics>,
+        max_seqs: usize,
+    ) -> Result<Self> {
         let Some((draft, _)) = &models.draft else {
             bail!("speculative decoding needs models.draft");
         };
         let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
-        let config = SpeculativeConfig { gamma, accept_rule: Some(rule.clone()) };
+        let config = SpeculativeConfig {
+            gamma,
+            accept_rule: Some(rule.clone()),
+        };
         let pipeline = SpeculativePipeline::new(models.target.clone(), draft.clone(), config)?;
         Ok(Self {
             mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
@@ -191,7 +242,11 @@ pub fn sampling_params(sampling: &SamplingConfig) -> SamplingParams {
 }
 
 /// Run one request to completion.
-pub async fn generate(mistralrs: &MistralRs, prompt: &Prompt, sampling: &SamplingConfig) -> Result<Generation> {
+pub async fn generate(
+    mistralrs: &MistralRs,
+    prompt: &Prompt,
+    sampling: &SamplingConfig,
+) -> Result<Generation> {
     generate_with_top_tokens(mistralrs, prompt, sampling, 0).await
 }
 
@@ -207,30 +262,58 @@ pub async fn generate_with_top_tokens(
             let mut turn = IndexMap::new();
             turn.insert("role".to_string(), Either::Left("user".to_string()));
             turn.insert("content".to_string(), Either::Left(text.clone()));
-            RequestMessage::Chat { messages: vec![turn], enable_thinking: None, reasoning_effort: None }
+            RequestMessage::Chat {
+                messages: vec![turn],
+                enable_thinking: None,
+                reasoning_effort: None,
+            }
         }
-        Prompt::Text(text) => RequestMessage::Completion { text: text.clone(), echo_prompt: false, best_of: None },
+        Prompt::Text(text) => RequestMessage::Completion {
+            text: text.clone(),
+            echo_prompt: false,
+            best_of: None,
+        },
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(1);
     let mut params = sampling_params(sampling);
     params.top_n_logprobs = top_n;
-    let mut request = NormalRequest::new_simple(message, params, tx, mistralrs.next_request_id(), None, None);
+    let mut request =
+        NormalRequest::new_simple(message, params, tx, mistralrs.next_request_id(), None, None);
     request.return_logprobs = top_n > 0;
     let start = Instant::now();
-    mistralrs.get_sender(None)?.send(Request::Normal(Box::new(request))).await.context("the engine stopped")?;
+    mistralrs
+        .get_sender(None)?
+        .send(Request::Normal(Box::new(request)))
+        .await
+        .context("the engine stopped")?;
     let response = rx.recv().await.context("the engine dropped the request")?;
     let seconds = start.elapsed().as_secs_f64();
     let (text, finish_reason, usage, logprobs) = match response {
         Response::Done(r) => {
-            let choice = r.choices.into_iter().next().context("no choice in response")?;
-            (choice.message.content.unwrap_or_default(), choice.finish_reason, r.usage, choice.logprobs)
+            let choice = r
+                .choices
+                .into_iter()
+                .next()
+                .context("no choice in response")?;
+            (
+                choice.message.content.unwrap_or_default(),
+                choice.finish_reason,
+                r.usage,
+                choice.logprobs,
+            )
         }
         Response::CompletionDone(r) => {
-            let choice = r.choices.into_iter().next().context("no choice in response")?;
+            let choice = r
+                .choices
+                .into_iter()
+                .next()
+                .context("no choice in response")?;
             (choice.text, choice.finish_reason, r.usage, choice.logprobs)
         }
         Response::InternalError(e) | Response::ValidationError(e) => bail!("request failed: {e}"),
-        Response::ModelError(e, _) | Response::CompletionModelError(e, _) => bail!("model error: {e}"),
+        Response::ModelError(e, _) | Response::CompletionModelError(e, _) => {
+            bail!("model error: {e}")
+        }
         _ => bail!("unexpected response kind"),
     };
     Ok(Generation {
@@ -246,7 +329,11 @@ pub async fn generate_with_top_tokens(
             .unwrap_or_default()
             .into_iter()
             .map(|t| {
-                let top = t.top_logprobs.into_iter().map(|c| (c.token, c.bytes.unwrap_or_default(), 10f32.powf(c.logprob))).collect();
+                let top = t
+                    .top_logprobs
+                    .into_iter()
+                    .map(|c| (c.token, c.bytes.unwrap_or_default(), 10f32.powf(c.logprob)))
+                    .collect();
                 (t.token, top)
             })
             .collect(),

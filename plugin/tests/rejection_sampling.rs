@@ -19,7 +19,10 @@ fn log_rows(rows: &[[f32; 4]]) -> Tensor {
 /// Runs `DRAWS` two-token speculative steps and counts the emitted (first, second) pairs.
 fn emitted_pairs(base: BaseRule, q: [[f32; 4]; 2], p: [[f32; 4]; 3]) -> (Vec<f64>, f64) {
     let rule = VerdictRule::new(JudgeStack::lossless(base), 7, Arc::new(Metrics::default()));
-    let sampling = SamplingSettings { temperature: Some(1.0), ..Default::default() };
+    let sampling = SamplingSettings {
+        temperature: Some(1.0),
+        ..Default::default()
+    };
     let draft_logits = log_rows(&q);
     let target_logits = log_rows(&p);
     let hidden = HiddenStates::default();
@@ -27,7 +30,10 @@ fn emitted_pairs(base: BaseRule, q: [[f32; 4]; 2], p: [[f32; 4]; 3]) -> (Vec<f64
     let mut accepted_total = 0usize;
     for _ in 0..DRAWS {
         let drafts: Vec<u32> = (0..2)
-            .map(|i| rule.sample_draft(0, &draft_logits.get(i).unwrap(), &sampling).unwrap())
+            .map(|i| {
+                rule.sample_draft(0, &draft_logits.get(i).unwrap(), &sampling)
+                    .unwrap()
+            })
             .collect();
         let ctx = VerifyContext {
             seq_id: 0,
@@ -49,7 +55,9 @@ fn emitted_pairs(base: BaseRule, q: [[f32; 4]; 2], p: [[f32; 4]; 3]) -> (Vec<f64
         // The first two emitted tokens; a refusal at position 0 leaves only one, whose
         // successor would come from the next step, so count it with a fresh target draw.
         if emitted.len() < 2 {
-            let second = rule.sample_draft(0, &target_logits.get(1).unwrap(), &sampling).unwrap();
+            let second = rule
+                .sample_draft(0, &target_logits.get(1).unwrap(), &sampling)
+                .unwrap();
             emitted.push(second);
         }
         counts[(emitted[0] * 4 + emitted[1]) as usize] += 1.0;
@@ -66,7 +74,9 @@ fn chi_square(counts: &[f64], expected: &[f64]) -> f64 {
 }
 
 fn product(a: [f32; 4], b: [f32; 4]) -> Vec<f64> {
-    a.iter().flat_map(|x| b.iter().map(move |y| (*x as f64) * (*y as f64))).collect()
+    a.iter()
+        .flat_map(|x| b.iter().map(move |y| (*x as f64) * (*y as f64)))
+        .collect()
 }
 
 const P1: [f32; 4] = [0.1, 0.2, 0.3, 0.4];
@@ -78,7 +88,10 @@ const Q2: [f32; 4] = [0.7, 0.1, 0.1, 0.1];
 fn rejection_sampling_preserves_the_target_distribution() {
     let (counts, _) = emitted_pairs(BaseRule::Rejection, [Q1, Q2], [P1, P2, P2]);
     let chi2 = chi_square(&counts, &product(P1, P2));
-    assert!(chi2 < CHI2_CRITICAL_DF15, "chi-square {chi2:.1} against the target distribution");
+    assert!(
+        chi2 < CHI2_CRITICAL_DF15,
+        "chi-square {chi2:.1} against the target distribution"
+    );
 }
 
 #[test]
@@ -86,7 +99,10 @@ fn the_test_detects_a_sampler_that_follows_the_draft() {
     // Negative control: the emitted pairs are far from the draft's own distribution.
     let (counts, _) = emitted_pairs(BaseRule::Rejection, [Q1, Q2], [P1, P2, P2]);
     let chi2 = chi_square(&counts, &product(Q1, Q2));
-    assert!(chi2 > 10.0 * CHI2_CRITICAL_DF15, "chi-square {chi2:.1} should reject the draft distribution");
+    assert!(
+        chi2 > 10.0 * CHI2_CRITICAL_DF15,
+        "chi-square {chi2:.1} should reject the draft distribution"
+    );
 }
 
 #[test]
@@ -96,7 +112,10 @@ fn rejection_keeps_the_expected_share_of_drafts() {
     let a2 = 0.25 + 0.1 + 0.1 + 0.1;
     let (_, mean_accepted) = emitted_pairs(BaseRule::Rejection, [Q1, Q2], [P1, P2, P2]);
     let expected = a1 + a1 * a2;
-    assert!((mean_accepted - expected).abs() < 0.01, "{mean_accepted} vs {expected}");
+    assert!(
+        (mean_accepted - expected).abs() < 0.01,
+        "{mean_accepted} vs {expected}"
+    );
 }
 
 #[test]

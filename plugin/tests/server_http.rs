@@ -41,7 +41,10 @@ fn post(client: &reqwest::blocking::Client, addr: SocketAddr, body: &Value) -> (
 
 fn content(body: &str) -> String {
     let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -53,7 +56,16 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let metrics = Arc::new(Metrics::default());
     let (addr, _engine) = runtime.block_on(async {
-        let engine = Engine::speculative(&models, 3, JudgeStack::lossless(BaseRule::Exact), 0, metrics.clone(), 4).await.unwrap();
+        let engine = Engine::speculative(
+            &models,
+            3,
+            JudgeStack::lossless(BaseRule::Exact),
+            0,
+            metrics.clone(),
+            4,
+        )
+        .await
+        .unwrap();
         let router = server::router(&engine, metrics.clone()).await.unwrap();
         let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -71,7 +83,10 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
             content(&body)
         })
         .collect();
-    assert!(sequential.iter().all(|c| !c.trim().is_empty()), "{sequential:?}");
+    assert!(
+        sequential.iter().all(|c| !c.trim().is_empty()),
+        "{sequential:?}"
+    );
 
     // Streaming: server-sent events whose deltas add up to the same greedy answer.
     let (status, stream) = post(&client, addr, &chat_body(&prompts[0], true));
@@ -82,7 +97,11 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
             continue;
         }
         let chunk: Value = serde_json::from_str(line).unwrap();
-        streamed.push_str(chunk["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        streamed.push_str(
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or(""),
+        );
     }
     assert!(stream.contains("data: [DONE]"), "{stream}");
     assert_eq!(streamed.trim(), sequential[0].trim());
@@ -104,7 +123,12 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
     });
     assert_eq!(concurrent, sequential);
 
-    let metrics_text = client.get(format!("http://{addr}/metrics")).send().unwrap().text().unwrap();
+    let metrics_text = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     let steps: f64 = metrics_text
         .lines()
         .find_map(|l| l.strip_prefix("verdict_spec_decode_num_steps_total "))
@@ -112,5 +136,8 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
         .parse()
         .unwrap();
     assert!(steps >= 7.0, "{metrics_text}");
-    assert!(metrics_text.contains("verdict_spec_decode_mean_acceptance_length "), "{metrics_text}");
+    assert!(
+        metrics_text.contains("verdict_spec_decode_mean_acceptance_length "),
+        "{metrics_text}"
+    );
 }

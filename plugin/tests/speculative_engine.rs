@@ -20,7 +20,11 @@ const MAX_TOKENS: usize = 40;
 
 /// Texts from plain decoding, then from speculative decoding with each base rule, with
 /// the step reports of the speculative runs.
-fn decode_all(dir: &std::path::Path, prompts: &[String], max_tokens: usize) -> (Vec<String>, Vec<(BaseRule, Vec<String>, Vec<StepReport>)>) {
+fn decode_all(
+    dir: &std::path::Path,
+    prompts: &[String],
+    max_tokens: usize,
+) -> (Vec<String>, Vec<(BaseRule, Vec<String>, Vec<StepReport>)>) {
     let config = config(dir, GAMMA, "exact", max_tokens);
     let models = LoadedModels::load(&config).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -28,16 +32,39 @@ fn decode_all(dir: &std::path::Path, prompts: &[String], max_tokens: usize) -> (
         let plain = Engine::plain(&models, 1).await;
         let mut plain_texts = Vec::new();
         for p in prompts {
-            plain_texts.push(generate(&plain.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
+            plain_texts.push(
+                generate(&plain.mistralrs, &Prompt::Text(p.clone()), &config.sampling)
+                    .await
+                    .unwrap()
+                    .text,
+            );
         }
         let mut speculative = Vec::new();
         for base in [BaseRule::Exact, BaseRule::Rejection] {
-            let engine = Engine::speculative(&models, GAMMA, JudgeStack::lossless(base), 0, Arc::new(Metrics::default()), 1).await.unwrap();
+            let engine = Engine::speculative(
+                &models,
+                GAMMA,
+                JudgeStack::lossless(base),
+                0,
+                Arc::new(Metrics::default()),
+                1,
+            )
+            .await
+            .unwrap();
             let rule = engine.rule.clone().unwrap();
             rule.record_steps();
             let mut texts = Vec::new();
             for p in prompts {
-                texts.push(generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
+                texts.push(
+                    generate(
+                        &engine.mistralrs,
+                        &Prompt::Text(p.clone()),
+                        &config.sampling,
+                    )
+                    .await
+                    .unwrap()
+                    .text,
+                );
                 rule.settle().await;
             }
             speculative.push((base, texts, rule.recorded_steps()));
@@ -51,11 +78,23 @@ fn assert_identical_and_both_outcomes(arch: TinyArch) {
     tiny_pair(dir.path(), &spec(arch, 11), 0.2);
     let (plain, speculative) = decode_all(dir.path(), &prompts(), MAX_TOKENS);
     for (base, texts, steps) in speculative {
-        assert_eq!(texts, plain, "{base:?} speculative output differs from plain decoding");
+        assert_eq!(
+            texts, plain,
+            "{base:?} speculative output differs from plain decoding"
+        );
         // The comparison means something only if drafts were both kept and refused.
-        let partial = steps.iter().filter(|s| s.accepted < s.drafted && !s.finished).count();
-        let full = steps.iter().filter(|s| s.accepted == s.drafted && !s.finished).count();
-        assert!(partial > 0 && full > 0, "{base:?}: {partial} partial and {full} full acceptances");
+        let partial = steps
+            .iter()
+            .filter(|s| s.accepted < s.drafted && !s.finished)
+            .count();
+        let full = steps
+            .iter()
+            .filter(|s| s.accepted == s.drafted && !s.finished)
+            .count();
+        assert!(
+            partial > 0 && full > 0,
+            "{base:?}: {partial} partial and {full} full acceptances"
+        );
     }
 }
 
@@ -88,11 +127,18 @@ fn kv_caches_hold_every_committed_token_but_the_last() {
         }
         assert_eq!(s.emitted, s.accepted + 1, "step {i}: {s:?}");
     }
-    assert!(after_full > 0, "no step kept every draft; the full-acceptance path went untested");
+    assert!(
+        after_full > 0,
+        "no step kept every draft; the full-acceptance path went untested"
+    );
 }
 
 /// Plain greedy words of a tiny target for `prompt` (EOS never met: it is `<|endoftext|>`).
-fn plain_words(dir: &std::path::Path, s: &verdict::tiny_model::TinySpec, prompt: &str) -> Vec<usize> {
+fn plain_words(
+    dir: &std::path::Path,
+    s: &verdict::tiny_model::TinySpec,
+    prompt: &str,
+) -> Vec<usize> {
     write_tiny_model(s, dir).unwrap();
     let probe_config = verdict::Config::from_toml(&format!(
         "[models]\ntarget = {:?}\n[speculative]\nenabled = false\n[sampling]\nmax_tokens = 20\n",
@@ -102,7 +148,14 @@ fn plain_words(dir: &std::path::Path, s: &verdict::tiny_model::TinySpec, prompt:
     let probe = LoadedModels::load(&probe_config).unwrap();
     let text = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let plain = Engine::plain(&probe, 1).await;
-        generate(&plain.mistralrs, &Prompt::Text(prompt.into()), &probe_config.sampling).await.unwrap().text
+        generate(
+            &plain.mistralrs,
+            &Prompt::Text(prompt.into()),
+            &probe_config.sampling,
+        )
+        .await
+        .unwrap()
+        .text
     });
     text.split_whitespace().map_while(word_index).collect()
 }
@@ -119,22 +172,31 @@ fn eos_inside_the_drafts_ends_the_sequence_there() {
             let words = plain_words(&dir.path().join(format!("probe{seed}")), &s, &prompt);
             // Steps emit γ + 1 tokens each when every draft is kept; position p % (γ + 1) = γ
             // would be a bonus token, not a draft.
-            (5..words.len()).find(|&p| !words[..p].contains(&words[p]) && p % (GAMMA + 1) != GAMMA).map(|p| {
-                let mut s = s;
-                s.eos_word = Some(words[p]);
-                (s, p)
-            })
+            (5..words.len())
+                .find(|&p| !words[..p].contains(&words[p]) && p % (GAMMA + 1) != GAMMA)
+                .map(|p| {
+                    let mut s = s;
+                    s.eos_word = Some(words[p]);
+                    (s, p)
+                })
         })
         .expect("some seed gives a long enough greedy output");
     // Draft = target: every draft is kept, so the EOS arrives inside a run of drafts.
     tiny_pair(dir.path(), &s, 0.0);
     let (plain, speculative) = decode_all(dir.path(), &[prompt], MAX_TOKENS);
-    assert_eq!(plain[0].split_whitespace().count(), eos_position, "plain decoding stops at the new EOS: {plain:?}");
+    assert_eq!(
+        plain[0].split_whitespace().count(),
+        eos_position,
+        "plain decoding stops at the new EOS: {plain:?}"
+    );
     for (base, texts, steps) in speculative {
         assert_eq!(texts, plain, "{base:?}");
         let last = steps.last().unwrap();
         assert!(last.finished, "{base:?}: {last:?}");
-        assert!(last.accepted < last.drafted, "{base:?}: the EOS must cut the kept drafts short: {last:?}");
+        assert!(
+            last.accepted < last.drafted,
+            "{base:?}: the EOS must cut the kept drafts short: {last:?}"
+        );
     }
 }
 
@@ -146,17 +208,30 @@ fn draft_with_another_vocabulary_is_refused() {
     let mut other = s.clone();
     other.words += 8;
     write_tiny_model(&other, &dir.path().join("draft")).unwrap();
-    let err = LoadedModels::load(&config(dir.path(), GAMMA, "exact", 8)).err().expect("must fail");
+    let err = LoadedModels::load(&config(dir.path(), GAMMA, "exact", 8))
+        .err()
+        .expect("must fail");
     let message = format!("{err:#}");
-    assert!(message.contains("different vocabularies") && message.contains("draft") && message.contains("target"), "{message}");
+    assert!(
+        message.contains("different vocabularies")
+            && message.contains("draft")
+            && message.contains("target"),
+        "{message}"
+    );
 }
 
 #[test]
 fn missing_model_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let err = LoadedModels::load(&config(dir.path(), GAMMA, "exact", 8)).err().expect("must fail");
+    let err = LoadedModels::load(&config(dir.path(), GAMMA, "exact", 8))
+        .err()
+        .expect("must fail");
     let message = format!("{err:#}");
-    assert!(message.contains("models.target") && message.contains(dir.path().join("target").to_str().unwrap()), "{message}");
+    assert!(
+        message.contains("models.target")
+            && message.contains(dir.path().join("target").to_str().unwrap()),
+        "{message}"
+    );
 }
 
 #[test]
@@ -165,7 +240,17 @@ fn gamma_zero_is_refused_by_the_pipeline() {
     tiny_pair(dir.path(), &spec(TinyArch::Llama, 2), 0.1);
     let models = LoadedModels::load(&config(dir.path(), 1, "exact", 8)).unwrap();
     let err = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        Engine::speculative(&models, 0, JudgeStack::lossless(BaseRule::Exact), 0, Arc::new(Metrics::default()), 1).await.err().expect("must fail")
+        Engine::speculative(
+            &models,
+            0,
+            JudgeStack::lossless(BaseRule::Exact),
+            0,
+            Arc::new(Metrics::default()),
+            1,
+        )
+        .await
+        .err()
+        .expect("must fail")
     });
     assert!(format!("{err:#}").contains("gamma >= 1"), "{err:#}");
 }

@@ -14,11 +14,15 @@ use crate::step_view::StepView;
 pub enum BaseVerdict {
     Accept,
     /// The draft is refused; `correction` is the token to emit in its place.
-    Reject { correction: u32 },
+    Reject {
+        correction: u32,
+    },
 }
 
 /// Which lossless rule to apply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum BaseRule {
     /// Keep a draft iff it equals the token the target itself picks (arg-max, or a sample

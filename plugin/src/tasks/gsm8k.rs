@@ -18,30 +18,45 @@ pub struct Problem {
 impl Problem {
     /// The reference number after `####`.
     pub fn reference(&self) -> Option<String> {
-        self.answer.rsplit("####").next().map(|s| s.trim().to_string())
+        self.answer
+            .rsplit("####")
+            .next()
+            .map(|s| s.trim().to_string())
     }
 }
 
 /// Load `<dir>/<split>.jsonl`.
 pub fn load(dir: &Path, split: &str) -> Result<Vec<Problem>> {
     let path = dir.join(format!("{split}.jsonl"));
-    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read GSM8K split {}", path.display()))?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read GSM8K split {}", path.display()))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}: not a GSM8K record", path.display(), i + 1)))
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{}:{}: not a GSM8K record", path.display(), i + 1))
+        })
         .collect()
 }
 
 pub struct Gsm8k;
 
-static FINAL_ANSWER: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)final answer is[:\s]*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)").unwrap());
-static ANY_NUMBER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"-?[0-9][0-9,]*(?:\.[0-9]+)?").unwrap());
+static FINAL_ANSWER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)final answer is[:\s]*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)").unwrap()
+});
+static ANY_NUMBER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"-?[0-9][0-9,]*(?:\.[0-9]+)?").unwrap());
 
 /// `18`, `18.0`, `$18`, `1,800` → a number; anything else → None.
 pub fn parse_number(text: &str) -> Option<f64> {
-    let cleaned: String = text.trim().trim_start_matches('$').trim_end_matches('.').chars().filter(|c| *c != ',').collect();
+    let cleaned: String = text
+        .trim()
+        .trim_start_matches('$')
+        .trim_end_matches('.')
+        .chars()
+        .filter(|c| *c != ',')
+        .collect();
     cleaned.parse().ok()
 }
 
@@ -64,8 +79,16 @@ impl TaskAdapter for Gsm8k {
 
     /// The number after the last "final answer is"; failing that, the last number.
     fn extract_answer(&self, response: &str) -> Option<String> {
-        let tagged = FINAL_ANSWER.captures_iter(response).last().map(|c| c[1].to_string());
-        tagged.or_else(|| ANY_NUMBER.find_iter(response).last().map(|m| m.as_str().to_string()))
+        let tagged = FINAL_ANSWER
+            .captures_iter(response)
+            .last()
+            .map(|c| c[1].to_string());
+        tagged.or_else(|| {
+            ANY_NUMBER
+                .find_iter(response)
+                .last()
+                .map(|m| m.as_str().to_string())
+        })
     }
 
     fn is_correct(&self, problem: &Problem, response: &str) -> bool {
@@ -81,7 +104,10 @@ mod tests {
     use super::*;
 
     fn problem(answer: &str) -> Problem {
-        Problem { question: "q".into(), answer: format!("work\n#### {answer}") }
+        Problem {
+            question: "q".into(),
+            answer: format!("work\n#### {answer}"),
+        }
     }
 
     #[test]
@@ -103,7 +129,12 @@ mod tests {
 
     #[test]
     fn last_number_is_the_fallback() {
-        assert_eq!(Gsm8k.extract_answer("so she has 5 + 3 = 8 apples").as_deref(), Some("8"));
+        assert_eq!(
+            Gsm8k
+                .extract_answer("so she has 5 + 3 = 8 apples")
+                .as_deref(),
+            Some("8")
+        );
     }
 
     #[test]

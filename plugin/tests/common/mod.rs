@@ -11,7 +11,12 @@ use verdict::{
 /// Writes `target/` and a perturbed `draft/` (noise relative to each weight's scale).
 pub fn tiny_pair(dir: &Path, spec: &TinySpec, draft_noise: f32) {
     write_tiny_model(spec, &dir.join("target")).unwrap();
-    write_tiny_model_perturbed(spec, &dir.join("draft"), Some((spec.seed + 1000, draft_noise))).unwrap();
+    write_tiny_model_perturbed(
+        spec,
+        &dir.join("draft"),
+        Some((spec.seed + 1000, draft_noise)),
+    )
+    .unwrap();
 }
 
 pub fn config(dir: &Path, gamma: usize, base_rule: &str, max_tokens: usize) -> Config {
