@@ -14,15 +14,11 @@ use crate::{
 };
 
 pub fn verify(view: &StepView, position: usize, rng: &mut StdRng) -> Result<BaseVerdict> {
-    let draft = view.draft_token(position);
     if view.sampling().is_greedy() {
-        let target = view.target_argmax(position);
-        return Ok(if target == draft {
-            BaseVerdict::Accept
-        } else {
-            BaseVerdict::Reject { correction: target }
-        });
+        // One-hot p and q: exactly arg-max matching.
+        return super::exact::verify(view, position, rng);
     }
+    let draft = view.draft_token(position);
     let p = view.target_probs(position);
     let q = view.draft_probs(position);
     let (p_x, q_x) = (p[draft as usize], q[draft as usize]);
