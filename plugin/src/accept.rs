@@ -55,8 +55,8 @@ impl VerdictRule {
 
     /// Swap the judge stack used from the next step on (the bench runs several in turn).
     /// Capture needs are read per step, so a stack that needs hidden states gets them.
-    pub fn set_stack(&self, stack: JudgeStack) {
-        *self.stack.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(stack);
+    pub fn set_stack(&self, stack: impl Into<Arc<JudgeStack>>) {
+        *self.stack.write().unwrap_or_else(|e| e.into_inner()) = stack.into();
     }
 
     pub fn stack(&self) -> Arc<JudgeStack> {

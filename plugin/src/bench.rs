@@ -23,38 +23,41 @@ use crate::{
     engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
-    rules::BaseRule,
     tasks::{gsm8k, TaskAdapter},
 };
 
-/// One way of decoding compared by the bench.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// The target alone, one token per forward.
-    Plain,
-    /// Speculative decoding with a lossless base rule and no judges.
-    Speculative(BaseRule),
-}
+/// One way of decoding compared by the bench: `plain` (the target alone), or the name of
+/// a judge stack (`exact`, `rejection`, `config`, or a `[[stack]]` of the config).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Mode(pub String);
 
 impl Mode {
+    pub fn plain() -> Self {
+        Mode("plain".into())
+    }
+
+    pub fn is_plain(&self) -> bool {
+        self.0 == "plain"
+    }
+
+    /// Lossless stacks, whose divergences from plain decoding the bench explains.
+    pub fn is_lossless(&self) -> bool {
+        self.0 == "exact" || self.0 == "rejection"
+    }
+
     pub fn name(&self) -> String {
-        match self {
-            Mode::Plain => "plain".into(),
-            Mode::Speculative(rule) => rule.name().into(),
-        }
+        self.0.clone()
     }
 }
 
 impl FromStr for Mode {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "plain" => Ok(Mode::Plain),
-            "exact" => Ok(Mode::Speculative(BaseRule::Exact)),
-            "rejection" => Ok(Mode::Speculative(BaseRule::Rejection)),
-            other => bail!("unknown bench mode {other:?}; known: plain, exact, rejection"),
+        if s.is_empty() {
+            bail!("empty bench mode");
         }
+        Ok(Mode(s.to_string()))
     }
 }
 
@@ -94,7 +97,19 @@ pub struct ModeSummary {
     pub identical_to_plain: Option<usize>,
     /// Time in the accept rule as a share of target verify time.
     pub accept_share_of_verify: Option<f64>,
+    pub judges: BTreeMap<String, JudgeSummary>,
     pub counters: Option<Counters>,
+}
+
+/// One judge's work over a mode's runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct JudgeSummary {
+    pub calls: u64,
+    pub rescues: u64,
+    pub vetoes: u64,
+    /// Time in this judge as a share of target verify time.
+    pub share_of_verify: f64,
+    pub ms_per_step: f64,
 }
 
 fn checkpoint_path(out: &Path) -> PathBuf {
@@ -127,10 +142,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     let problems = gsm8k::load(&options.data_dir, &options.split)?;
     let problems = &problems[..options.limit.min(problems.len())];
-    let needs_draft = options
-        .modes
-        .iter()
-        .any(|m| matches!(m, Mode::Speculative(_)));
+    let known = config.mode_names();
+    if let Some(unknown) = options.modes.iter().find(|m| !known.contains(&m.0)) {
+        bail!(
+            "unknown bench mode {:?}; known with this config: {}",
+            unknown.0,
+            known.join(", ")
+        );
+    }
+    let needs_draft = options.modes.iter().any(|m| !m.is_plain());
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes need models.draft in the config");
     }
@@ -141,7 +161,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     let mut runs = load_checkpoint(&checkpoint)?;
     runs.retain(|r| r.problem < problems.len() && options.modes.contains(&r.mode));
-    let done: HashSet<(usize, Mode)> = runs.iter().map(|r| (r.problem, r.mode)).collect();
+    let done: HashSet<(usize, Mode)> = runs.iter().map(|r| (r.problem, r.mode.clone())).collect();
     if !done.is_empty() {
         tracing::info!(
             "resuming: {} runs already in {}",
@@ -151,6 +171,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
 
     let models = LoadedModels::load(config)?;
+    // Every stack is built (heads loaded and checked) before the first run.
+    let stacks: BTreeMap<Mode, Arc<JudgeStack>> = options
+        .modes
+        .iter()
+        .filter(|m| !m.is_plain())
+        .map(|m| Ok((m.clone(), Arc::new(config.named_stack(&m.0, &models.fingerprints())?))))
+        .collect::<Result<_>>()?;
     let runtime = tokio::runtime::Runtime::new()?;
     let metrics = Arc::new(Metrics::default());
     let (plain, speculative) = runtime.block_on(async {
@@ -189,28 +216,24 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         // Rotate the order per problem so no mode always runs first (warm caches, turbo).
         let n = options.modes.len();
         for k in 0..n {
-            let mode = options.modes[(index + k) % n];
-            if done.contains(&(index, mode)) {
+            let mode = options.modes[(index + k) % n].clone();
+            if done.contains(&(index, mode.clone())) {
                 continue;
             }
             bar.set_message(format!("problem {index} {}", mode.name()));
             let prompt = Prompt::Chat(task.prompt(problem));
             let (generation, counters) = runtime
                 .block_on(async {
-                    match mode {
-                        Mode::Plain => Ok::<_, anyhow::Error>((
+                    match stacks.get(&mode) {
+                        None => Ok::<_, anyhow::Error>((
                             generate(&plain.mistralrs, &prompt, &config.sampling).await?,
                             None,
                         )),
-                        Mode::Speculative(rule) => {
+                        Some(stack) => {
                             let engine = speculative
                                 .as_ref()
                                 .expect("built when a speculative mode is asked for");
-                            engine
-                                .rule
-                                .as_ref()
-                                .unwrap()
-                                .set_stack(JudgeStack::lossless(rule));
+                            engine.rule.as_ref().unwrap().set_stack(stack.clone());
                             let before = metrics.snapshot();
                             let generation =
                                 generate(&engine.mistralrs, &prompt, &config.sampling).await?;
@@ -222,7 +245,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 .with_context(|| format!("problem {index}, mode {}", mode.name()))?;
             let run = Run {
                 problem: index,
-                mode,
+                mode: mode.clone(),
                 correct: task.is_correct(problem, &generation.text),
                 answer: task.extract_answer(&generation.text),
                 text: generation.text,
@@ -301,14 +324,14 @@ async fn explain_divergences(
     for (index_of_problem, problem) in problems.iter().enumerate() {
         let Some(plain_run) = runs
             .iter()
-            .find(|r| r.problem == index_of_problem && r.mode == Mode::Plain)
+            .find(|r| r.problem == index_of_problem && r.mode.is_plain())
         else {
             continue;
         };
         let differing: Vec<&Run> = runs
             .iter()
             .filter(|r| {
-                r.problem == index_of_problem && r.mode != Mode::Plain && r.text != plain_run.text
+                r.problem == index_of_problem && r.mode.is_lossless() && r.text != plain_run.text
             })
             .collect();
         let Some(first) = differing.first() else {
@@ -372,13 +395,13 @@ async fn explain_divergences(
 pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
     let plain_text: BTreeMap<usize, &str> = runs
         .iter()
-        .filter(|r| r.mode == Mode::Plain)
+        .filter(|r| r.mode.is_plain())
         .map(|r| (r.problem, r.text.as_str()))
         .collect();
-    let tokens_per_second = |mode: Mode| {
+    let tokens_per_second = |mode: &Mode| {
         let (tokens, seconds) = runs
             .iter()
-            .filter(|r| r.mode == mode)
+            .filter(|r| &r.mode == mode)
             .fold((0usize, 0f64), |(t, s), r| {
                 (t + r.completion_tokens, s + r.seconds)
             });
@@ -389,12 +412,12 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
         }
     };
     let plain_tps = modes
-        .contains(&Mode::Plain)
-        .then(|| tokens_per_second(Mode::Plain));
+        .contains(&Mode::plain())
+        .then(|| tokens_per_second(&Mode::plain()));
     modes
         .iter()
-        .map(|&mode| {
-            let mine: Vec<&Run> = runs.iter().filter(|r| r.mode == mode).collect();
+        .map(|mode| {
+            let mine: Vec<&Run> = runs.iter().filter(|r| &r.mode == mode).collect();
             let counters =
                 mine.iter()
                     .filter_map(|r| r.counters.as_ref())
@@ -414,7 +437,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                 draft_acceptance_rate: counters.as_ref().map(Counters::draft_acceptance_rate),
                 tokens_per_second: tps,
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
-                identical_to_plain: (!plain_text.is_empty() && mode != Mode::Plain).then(|| {
+                identical_to_plain: (!plain_text.is_empty() && !mode.is_plain()).then(|| {
                     mine.iter()
                         .filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str()))
                         .count()
@@ -423,6 +446,27 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                     .as_ref()
                     .filter(|c| c.verify_seconds + c.prefill_verify_seconds > 0.0)
                     .map(|c| c.accept_seconds / (c.verify_seconds + c.prefill_verify_seconds)),
+                judges: counters
+                    .as_ref()
+                    .map(|c| {
+                        let verify = c.verify_seconds + c.prefill_verify_seconds;
+                        c.judges
+                            .iter()
+                            .map(|(name, j)| {
+                                (
+                                    name.clone(),
+                                    JudgeSummary {
+                                        rescues: j.rescues,
+                                        vetoes: j.vetoes,
+                                        calls: j.calls,
+                                        share_of_verify: if verify > 0.0 { j.seconds / verify } else { 0.0 },
+                                        ms_per_step: 1000.0 * j.seconds / c.steps.max(1) as f64,
+                                    },
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 counters,
             }
         })
@@ -454,8 +498,8 @@ pub fn divergence_lines(divergences: &[Divergence]) -> String {
 /// The table people read; the JSON report holds the same figures.
 pub fn table(summaries: &[ModeSummary]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "| mode | problems | accuracy | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | identical to plain | accept time / verify time |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "| mode | problems | accuracy | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | identical to plain | accept time / verify time | judges: rescues, vetoes, time / verify time |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     let dash = || "–".to_string();
     let fixed = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_else(dash);
     let percent = |v: Option<f64>, digits: usize| {
@@ -465,7 +509,7 @@ pub fn table(summaries: &[ModeSummary]) -> String {
     for s in summaries {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1}% | {} | {} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {:.1}% | {} | {} | {:.2} | {} | {} | {} | {} |",
             s.mode,
             s.problems,
             100.0 * s.accuracy,
@@ -479,7 +523,26 @@ pub fn table(summaries: &[ModeSummary]) -> String {
                 .map(|n| format!("{n}/{}", s.problems))
                 .unwrap_or_else(dash),
             percent(s.accept_share_of_verify, 2),
+            judge_cell(&s.judges),
         );
     }
     out
+}
+
+fn judge_cell(judges: &BTreeMap<String, JudgeSummary>) -> String {
+    if judges.is_empty() {
+        return "–".into();
+    }
+    judges
+        .iter()
+        .map(|(name, j)| {
+            format!(
+                "{name}: {} rescued, {} vetoed, {:.2}%",
+                j.rescues,
+                j.vetoes,
+                100.0 * j.share_of_verify
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -11,7 +11,11 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::rules::BaseRule;
+use crate::{
+    judge::JudgeStack,
+    judges::{build_stack, parse_stack, LoadedFingerprints},
+    rules::BaseRule,
+};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,10 +27,34 @@ pub struct Config {
     pub sampling: SamplingConfig,
     #[serde(default)]
     pub server: ServerConfig,
-    /// `[[judge]]` tables, applied in this order.
+    /// `[[judge]]` tables, applied in this order: the stack `serve` and `generate` run.
+    #[serde(default, rename = "judge")]
+    pub judges: Vec<JudgeConfig>,
+    /// `[[stack]]` tables: named judge stacks `verdict bench --modes` can compare.
+    #[serde(default, rename = "stack")]
+    pub stacks: Vec<StackConfig>,
+    /// The config file's folder; head paths are relative to it.
+    #[serde(skip, default = "current_dir")]
+    pub base_dir: PathBuf,
+}
+
+fn current_dir() -> PathBuf {
+    PathBuf::from(".")
+}
+
+/// A named judge stack: `[[stack]]` with `name`, an optional `base_rule` and `[[stack.judge]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StackConfig {
+    pub name: String,
+    /// Defaults to `speculative.base_rule`.
+    pub base_rule: Option<BaseRule>,
     #[serde(default, rename = "judge")]
     pub judges: Vec<JudgeConfig>,
 }
+
+/// Mode names the bench reserves: they cannot name a `[[stack]]`.
+pub const BUILTIN_MODES: &[&str] = &["plain", "exact", "rejection", "config"];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,10 +143,6 @@ fn enabled_by_default() -> bool {
     true
 }
 
-/// Judge kinds this build knows. The verifiers arrive with their own issue; until then a
-/// `[[judge]]` table is refused rather than ignored.
-pub const KNOWN_JUDGES: &[&str] = &[];
-
 impl Config {
     pub fn from_toml(text: &str) -> Result<Self> {
         let config: Config = toml::from_str(text)?;
@@ -129,7 +153,68 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::from_toml(&text).with_context(|| format!("invalid config {}", path.display()))
+        let mut config =
+            Self::from_toml(&text).with_context(|| format!("invalid config {}", path.display()))?;
+        config.base_dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(current_dir, Path::to_path_buf);
+        Ok(config)
+    }
+
+    /// The stack of the top-level `[[judge]]` tables, named after its parts
+    /// (`exact+fsd-js`), or the lossless base rule when there are none.
+    pub fn stack(&self, models: &LoadedFingerprints) -> Result<JudgeStack> {
+        let base = self.speculative.base_rule;
+        let mut stack = build_stack(base.name(), base, &self.judges, "judge", &self.base_dir, models)?;
+        let names: Vec<&str> = stack
+            .replacement
+            .iter()
+            .chain(&stack.judges)
+            .map(|j| j.name())
+            .collect();
+        if !names.is_empty() {
+            stack.name = format!("{}+{}", base.name(), names.join("+"));
+        }
+        Ok(stack)
+    }
+
+    /// The stack a bench mode names: `exact` and `rejection` (lossless), `config` (the
+    /// top-level judges) or a `[[stack]]` name.
+    pub fn named_stack(&self, name: &str, models: &LoadedFingerprints) -> Result<JudgeStack> {
+        match name {
+            "exact" => Ok(JudgeStack::lossless(BaseRule::Exact)),
+            "rejection" => Ok(JudgeStack::lossless(BaseRule::Rejection)),
+            "config" => {
+                let mut stack = self.stack(models)?;
+                stack.name = "config".into();
+                Ok(stack)
+            }
+            _ => {
+                let (i, s) = self
+                    .stacks
+                    .iter()
+                    .enumerate()
+                    .find(|(_, s)| s.name == name)
+                    .with_context(|| {
+                        format!(
+                            "no stack named {name:?}; known: {}",
+                            self.mode_names().join(", ")
+                        )
+                    })?;
+                let base = s.base_rule.unwrap_or(self.speculative.base_rule);
+                build_stack(name, base, &s.judges, &format!("stack[{i}].judge"), &self.base_dir, models)
+            }
+        }
+    }
+
+    /// Every mode `verdict bench` accepts with this config.
+    pub fn mode_names(&self) -> Vec<String> {
+        BUILTIN_MODES
+            .iter()
+            .map(|s| s.to_string())
+            .chain(self.stacks.iter().map(|s| s.name.clone()))
+            .collect()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -167,18 +252,16 @@ impl Config {
         if self.server.max_seqs == 0 {
             bail!("server.max_seqs must be at least 1, got 0");
         }
-        for (i, judge) in self.judges.iter().enumerate() {
-            if !KNOWN_JUDGES.contains(&judge.kind.as_str()) {
-                bail!(
-                    "judge[{i}].kind = {:?} is not a judge this build knows (known: {})",
-                    judge.kind,
-                    if KNOWN_JUDGES.is_empty() {
-                        "none yet".to_string()
-                    } else {
-                        KNOWN_JUDGES.join(", ")
-                    }
-                );
+        parse_stack(&self.judges, "judge")?;
+        let mut seen = std::collections::HashSet::new();
+        for (i, stack) in self.stacks.iter().enumerate() {
+            if BUILTIN_MODES.contains(&stack.name.as_str()) {
+                bail!("stack[{i}].name = {:?} is reserved; pick another name", stack.name);
             }
+            if !seen.insert(stack.name.as_str()) {
+                bail!("stack[{i}].name = {:?} is used twice", stack.name);
+            }
+            parse_stack(&stack.judges, &format!("stack[{i}].judge"))?;
         }
         Ok(())
     }
@@ -240,5 +323,45 @@ mod tests {
     fn unknown_judge_kind_is_named() {
         let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"oracle\"\n"));
         assert!(err.contains("judge[0].kind = \"oracle\""), "{err}");
+        assert!(err.contains("fsd, dropmatch, autojudge, pad"), "{err}");
+    }
+
+    #[test]
+    fn judge_parameters_are_typed_and_named_in_errors() {
+        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"fsd\"\nthreshhold = 0.1\n"));
+        assert!(err.contains("unknown field `threshhold`"), "{err}");
+        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"dropmatch\"\np = 1.5\n"));
+        assert!(err.contains("judge[0]") && err.contains("p must be in [0, 1), got 1.5"), "{err}");
+        let err = error_of(&format!(
+            "{MINIMAL}[[stack]]\nname = \"a\"\n[[stack.judge]]\nkind = \"fsd\"\nthreshold = 0.9\n"
+        ));
+        assert!(err.contains("stack[0].judge[0]") && err.contains("ln 2"), "{err}");
+        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"dropmatch\"\ncriterion = \"vote\"\n"));
+        assert!(err.contains("unknown variant `vote`"), "{err}");
+    }
+
+    #[test]
+    fn stacks_parse_and_names_are_checked() {
+        let text = format!(
+            "{MINIMAL}[[stack]]\nname = \"fsd-0.1\"\n[[stack.judge]]\nkind = \"fsd\"\nthreshold = 0.1\n\
+             [[stack]]\nname = \"dm\"\nbase_rule = \"rejection\"\n[[stack.judge]]\nkind = \"dropmatch\"\n"
+        );
+        let config = Config::from_toml(&text).unwrap();
+        assert_eq!(config.stacks.len(), 2);
+        assert_eq!(config.stacks[1].base_rule, Some(BaseRule::Rejection));
+        assert!(config.mode_names().contains(&"dm".to_string()));
+        let err = error_of(&format!("{MINIMAL}[[stack]]\nname = \"exact\"\n"));
+        assert!(err.contains("reserved"), "{err}");
+        let err = error_of(&format!("{MINIMAL}[[stack]]\nname = \"a\"\n[[stack]]\nname = \"a\"\n"));
+        assert!(err.contains("used twice"), "{err}");
+    }
+
+    #[test]
+    fn two_replacing_judges_are_refused() {
+        let fsd = "[[judge]]\nkind = \"fsd\"\nthreshold = 0.1\n";
+        let err = error_of(&format!("{MINIMAL}{fsd}{fsd}"));
+        assert!(err.contains("at most one"), "{err}");
+        // One of them disabled is fine.
+        Config::from_toml(&format!("{MINIMAL}{fsd}{fsd}enabled = false\n")).unwrap();
     }
 }

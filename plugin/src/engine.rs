@@ -15,8 +15,12 @@ use mistralrs_core::{
 };
 use tokio::sync::Mutex;
 
+use verdict_heads::ModelFingerprint;
+
 use crate::{
     accept::VerdictRule,
+    fingerprint::fingerprint,
+    judges::LoadedFingerprints,
     config::{Config, SamplingConfig},
     judge::JudgeStack,
     metrics::Metrics,
@@ -96,7 +100,9 @@ pub fn load_pipeline(source: &ModelSource) -> Result<SharedPipeline> {
 pub struct LoadedModels {
     pub target: SharedPipeline,
     pub target_source: ModelSource,
+    pub target_fingerprint: ModelFingerprint,
     pub draft: Option<(SharedPipeline, ModelSource)>,
+    pub draft_fingerprint: Option<ModelFingerprint>,
 }
 
 impl LoadedModels {
@@ -116,11 +122,30 @@ impl LoadedModels {
             }
             None => None,
         };
+        let target_fingerprint = fingerprint(&target, &target_source)?;
+        let draft_fingerprint = draft
+            .as_ref()
+            .map(|(pipeline, source)| fingerprint(pipeline, source))
+            .transpose()?;
         Ok(Self {
             target,
             target_source,
+            target_fingerprint,
             draft,
+            draft_fingerprint,
         })
+    }
+
+    pub fn fingerprints(&self) -> LoadedFingerprints<'_> {
+        LoadedFingerprints {
+            target: &self.target_fingerprint,
+            draft: self.draft_fingerprint.as_ref(),
+        }
+    }
+
+    /// The judge stack of `config`'s top-level `[[judge]]` tables.
+    pub fn configured_stack(&self, config: &Config) -> Result<JudgeStack> {
+        config.stack(&self.fingerprints())
     }
 }
 

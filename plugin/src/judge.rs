@@ -52,6 +52,9 @@ pub enum PositionOutcome {
 pub struct JudgeStack {
     pub name: String,
     pub base: BaseRule,
+    /// A judge that decides in place of the base rule (FSD's paper rule): its `rescues`
+    /// answer is the verdict, and a refusal emits the target's own token.
+    pub replacement: Option<Box<dyn Judge>>,
     pub judges: Vec<Box<dyn Judge>>,
 }
 
@@ -60,15 +63,23 @@ impl JudgeStack {
         Self {
             name: base.name().to_string(),
             base,
+            replacement: None,
             judges: Vec::new(),
         }
+    }
+
+    fn all_judges(&self) -> impl Iterator<Item = &dyn Judge> {
+        self.replacement
+            .iter()
+            .chain(&self.judges)
+            .map(|j| j.as_ref())
     }
 
     /// Union of what the judges need captured.
     pub fn capture(&self, of: impl Fn(&dyn Judge) -> CaptureRequest) -> CaptureRequest {
         let mut merged = CaptureRequest::default();
-        for judge in &self.judges {
-            let wanted = of(judge.as_ref());
+        for judge in self.all_judges() {
+            let wanted = of(judge);
             merged.last_hidden |= wanted.last_hidden;
             merged.lm_head |= wanted.lm_head;
             for layer in wanted.layers {
@@ -87,7 +98,10 @@ impl JudgeStack {
         rng: &mut StdRng,
         metrics: &Metrics,
     ) -> Result<PositionOutcome> {
-        let base = self.base.verify(view, position, rng)?;
+        let base = match &self.replacement {
+            Some(judge) => replaced_verdict(judge.as_ref(), view, position, rng, metrics)?,
+            None => self.base.verify(view, position, rng)?,
+        };
         let kept = match base {
             BaseVerdict::Accept => true,
             BaseVerdict::Reject { .. } => self.any_judge(view, position, metrics, Role::Rescue)?,
@@ -131,6 +145,33 @@ impl JudgeStack {
         }
         Ok(false)
     }
+}
+
+/// The verdict of a judge that replaces the base rule. Its counters compare it with greedy
+/// matching: a rescue keeps a draft that differs from the target's arg-max, a veto refuses
+/// one that equals it.
+fn replaced_verdict(
+    judge: &dyn Judge,
+    view: &StepView,
+    position: usize,
+    rng: &mut StdRng,
+    metrics: &Metrics,
+) -> Result<BaseVerdict> {
+    let start = Instant::now();
+    let accepts = judge.rescues(view, position)?;
+    let matches_target = view.draft_token(position) == view.target_argmax(position);
+    metrics.record_judge(
+        judge.name(),
+        accepts && !matches_target,
+        !accepts && matches_target,
+        start.elapsed(),
+    );
+    Ok(match accepts {
+        true => BaseVerdict::Accept,
+        false => BaseVerdict::Reject {
+            correction: view.target_token(position, rng)?,
+        },
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -222,6 +263,7 @@ mod tests {
         JudgeStack {
             name: "test".into(),
             base: BaseRule::Exact,
+            replacement: None,
             judges,
         }
     }

@@ -9,7 +9,6 @@ use verdict::{
     config::Config,
     engine::{generate, Engine, LoadedModels, Prompt},
     forward_cost,
-    judge::JudgeStack,
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
     server,
@@ -57,7 +56,8 @@ enum Command {
         /// Problems to run (the first N of the split).
         #[arg(long, default_value_t = 20)]
         limit: usize,
-        /// Comma-separated: plain, exact, rejection.
+        /// Comma-separated: plain, exact, rejection, config (the top-level [[judge]] stack),
+        /// or names of [[stack]] tables in the config.
         #[arg(long, value_delimiter = ',', default_value = "plain,exact,rejection")]
         modes: Vec<Mode>,
         /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K or ../shared/data/gsm8k).
@@ -180,7 +180,7 @@ async fn build_engine(
         Engine::speculative(
             models,
             s.gamma,
-            JudgeStack::lossless(s.base_rule),
+            models.configured_stack(config)?,
             s.seed,
             metrics,
             config.server.max_seqs,

@@ -7,7 +7,10 @@ use anyhow::Result;
 use mistralrs_core::speculative_hook::{SamplingSettings, VerifyContext};
 use rand::Rng;
 
-use crate::distribution::{argmax, probabilities, sample};
+use crate::{
+    distribution::{argmax, probabilities, sample},
+    divergence::log_softmax,
+};
 
 pub struct StepView<'a> {
     pub ctx: &'a VerifyContext<'a>,
@@ -15,6 +18,8 @@ pub struct StepView<'a> {
     target_logits: Vec<Vec<f32>>,
     draft_probs: Vec<OnceCell<Vec<f32>>>,
     target_probs: Vec<OnceCell<Vec<f32>>>,
+    draft_log_probs: Vec<OnceCell<Vec<f32>>>,
+    target_log_probs: Vec<OnceCell<Vec<f32>>>,
 }
 
 impl<'a> StepView<'a> {
@@ -31,6 +36,8 @@ impl<'a> StepView<'a> {
             ctx,
             draft_probs: vec![OnceCell::new(); draft_logits.len()],
             target_probs: vec![OnceCell::new(); target_logits.len()],
+            draft_log_probs: vec![OnceCell::new(); draft_logits.len()],
+            target_log_probs: vec![OnceCell::new(); target_logits.len()],
             draft_logits,
             target_logits,
         })
@@ -66,6 +73,17 @@ impl<'a> StepView<'a> {
             .get_or_init(|| probabilities(&self.draft_logits[position], self.ctx.sampling))
     }
 
+    /// The target's raw distribution at `position` (temperature 1, no truncation) as
+    /// log-probabilities: what the judges compare, whatever the sampling settings.
+    pub fn target_log_probs(&self, position: usize) -> &[f32] {
+        self.target_log_probs[position].get_or_init(|| log_softmax(&self.target_logits[position]))
+    }
+
+    /// The draft's raw distribution at `position`, as [`Self::target_log_probs`].
+    pub fn draft_log_probs(&self, position: usize) -> &[f32] {
+        self.draft_log_probs[position].get_or_init(|| log_softmax(&self.draft_logits[position]))
+    }
+
     /// What plain target decoding would emit at `position`: arg-max, or a sample from p.
     pub fn target_token(&self, position: usize, rng: &mut impl Rng) -> Result<u32> {
         if self.sampling().is_greedy() {
@@ -94,21 +112,36 @@ pub(crate) fn with_view<R>(
     sampling: &SamplingSettings,
     body: impl FnOnce(&StepView) -> R,
 ) -> R {
+    let none = mistralrs_core::speculative_hook::HiddenStates::default();
+    with_view_hidden(draft_logits, target_logits, draft_tokens, sampling, (&none, &none), body)
+}
+
+/// [`with_view`] with captured `(target, draft)` hidden states.
+#[cfg(test)]
+pub(crate) fn with_view_hidden<R>(
+    draft_logits: &[Vec<f32>],
+    target_logits: &[Vec<f32>],
+    draft_tokens: &[u32],
+    sampling: &SamplingSettings,
+    (target_hidden, draft_hidden): (
+        &mistralrs_core::speculative_hook::HiddenStates,
+        &mistralrs_core::speculative_hook::HiddenStates,
+    ),
+    body: impl FnOnce(&StepView) -> R,
+) -> R {
     use candle_core::{Device, Tensor};
-    use mistralrs_core::speculative_hook::HiddenStates;
     let to_tensor = |rows: &[Vec<f32>]| {
         Tensor::from_vec(rows.concat(), (rows.len(), rows[0].len()), &Device::Cpu).unwrap()
     };
     let (draft, target) = (to_tensor(draft_logits), to_tensor(target_logits));
-    let hidden = HiddenStates::default();
     let ctx = VerifyContext {
         seq_id: 0,
         prefix: &[],
         draft_tokens,
         draft_logits: &draft,
         target_logits: &target,
-        target_hidden: &hidden,
-        draft_hidden: &hidden,
+        target_hidden,
+        draft_hidden,
         target_lm_head: None,
         sampling,
         draft_time: std::time::Duration::ZERO,
