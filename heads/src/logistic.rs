@@ -71,6 +71,27 @@ impl LogisticHead {
         (folded, folded_bias as f32)
     }
 
+    /// A head that says P(important) = `p` whatever the features (test fixtures, and a
+    /// baseline that makes a judge's effect measurable).
+    pub fn constant(
+        features: FeatureSpec,
+        target: ModelFingerprint,
+        draft: Option<ModelFingerprint>,
+        p: f32,
+    ) -> Self {
+        let mut head = Self {
+            features,
+            weight: Vec::new(),
+            bias: (p / (1.0 - p)).ln(),
+            target,
+            draft,
+            threshold: 0.5,
+            report: serde_json::json!({"constant": p}),
+        };
+        head.weight = vec![0.0; head.input_size()];
+        head
+    }
+
     pub fn input_size(&self) -> usize {
         self.target.hidden_size
             + match self.features {

@@ -54,6 +54,29 @@ impl PivotMlp {
         })
     }
 
+    /// A head that says P(pivot) = `p` whatever the features (test fixtures).
+    pub fn constant(layer: i64, target: ModelFingerprint, p: f32, sigma: f32) -> Result<Self> {
+        let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu);
+        let hidden = target.hidden_size;
+        let mut tensors = HashMap::new();
+        for (name, (out, inp)) in [
+            ("target_proj", (HIDDEN_BRANCH, hidden)),
+            ("small_features_proj", (SMALL_BRANCH, 2)),
+            ("classifier.0", (FUSED, HIDDEN_BRANCH + SMALL_BRANCH)),
+            ("classifier.2", (2, FUSED)),
+        ] {
+            tensors.insert(format!("{name}.weight"), zeros(&[out, inp])?);
+            tensors.insert(format!("{name}.bias"), zeros(&[out])?);
+        }
+        let logit = (p / (1.0 - p)).ln();
+        tensors.insert(
+            "classifier.2.bias".into(),
+            Tensor::from_slice(&[0.0f32, logit], 2, &Device::Cpu)?,
+        );
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
+        Self::new(vb, layer, target, sigma, serde_json::json!({"constant": p}))
+    }
+
     /// Class logits `[n, 2]` (class 1 = pivot) for hidden states `[n, hidden]` and small
     /// features `[n, 2]` = [entropy, p].
     pub fn logits(&self, hidden: &Tensor, small: &Tensor) -> Result<Tensor> {
@@ -171,5 +194,12 @@ mod tests {
         assert_eq!(loaded.resolved_layer(3), 1);
         assert!(loaded.probability(&[0.0; 3], 0.0, 0.0).is_err());
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn constant_head_says_its_probability() {
+        let mlp = PivotMlp::constant(-1, fingerprint(), 0.2, 0.5).unwrap();
+        let p = mlp.probability(&[5.0, -3.0, 1.0, 0.0], 2.0, 0.9).unwrap();
+        assert!((p - 0.2).abs() < 1e-6, "{p}");
     }
 }
