@@ -68,6 +68,9 @@ pub struct BenchOptions {
     pub modes: Vec<Mode>,
     /// The JSON report; the checkpoint sits beside it as `<out>.runs.jsonl`.
     pub out: PathBuf,
+    /// Rerun plain decoding where a lossless mode's output differs, to locate and explain
+    /// the first differing token (one extra plain generation per such problem).
+    pub explain_divergences: bool,
 }
 
 /// One (problem, mode) run.
@@ -140,8 +143,6 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     if options.modes.is_empty() {
         bail!("--modes is empty");
     }
-    let problems = gsm8k::load(&options.data_dir, &options.split)?;
-    let problems = &problems[..options.limit.min(problems.len())];
     let known = config.mode_names();
     if let Some(unknown) = options.modes.iter().find(|m| !known.contains(&m.0)) {
         bail!(
@@ -150,6 +151,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             known.join(", ")
         );
     }
+
+    let problems = gsm8k::load(&options.data_dir, &options.split)?;
+    let problems = &problems[..options.limit.min(problems.len())];
     let needs_draft = options.modes.iter().any(|m| !m.is_plain());
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes need models.draft in the config");
@@ -273,7 +277,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     bar.finish_and_clear();
 
-    let divergences = runtime.block_on(explain_divergences(&plain, problems, &runs, config))?;
+    let divergences = match options.explain_divergences {
+        true => runtime.block_on(explain_divergences(&plain, problems, &runs, config))?,
+        false => Vec::new(),
+    };
     let summaries = summarise(&runs, &options.modes);
     let report = serde_json::json!({
         "dataset": "gsm8k",

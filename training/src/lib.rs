@@ -1,1 +1,11 @@
-//! Training.
+//! `train-head`: mines labelled draft/target mismatches (AutoJudge's Algorithm 1), fits the
+//! heads the plugin loads, and reports how good they are.
+//!
+//! Data flow: [`miner`] (Algorithm 1 over a [`miner::MiningEngine`]) → [`labels`] (append-only
+//! JSONL, one line per problem) → features → [`fit`] (standardise, logistic regression over a
+//! grid, threshold table) → a `verdict_heads::LogisticHead` file.
+
+pub mod fit;
+pub mod labels;
+pub mod miner;
+pub mod pad_fit;

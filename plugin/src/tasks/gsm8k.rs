@@ -97,6 +97,10 @@ impl TaskAdapter for Gsm8k {
             _ => false,
         }
     }
+
+    fn answers_equivalent(&self, a: &str, b: &str) -> bool {
+        numbers_equal(a, b)
+    }
 }
 
 #[cfg(test)]

@@ -12,4 +12,9 @@ pub trait TaskAdapter {
     fn extract_answer(&self, response: &str) -> Option<String>;
     /// Whether a response's answer is the reference one.
     fn is_correct(&self, problem: &Self::Problem, response: &str) -> bool;
+    /// Whether two extracted answers are the same answer (mining labels a swapped token
+    /// unimportant when the answer stays equivalent).
+    fn answers_equivalent(&self, a: &str, b: &str) -> bool {
+        a.trim() == b.trim()
+    }
 }

@@ -1,0 +1,183 @@
+//! Fitting PAD's pivot MLP with candle-nn: class-weighted cross-entropy (w_c = n / (2 n_c),
+//! PyTorch's weighted mean), full-batch AdamW, evaluation every 10 epochs on a held-out
+//! split by problem, keeping the weights with the lowest validation loss.
+
+use anyhow::{ensure, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use serde::Serialize;
+use verdict_heads::{ModelFingerprint, PivotMlp};
+
+use crate::fit::{roc_auc, split_by_problem};
+
+/// One candidate token: target hidden state at layer L − 8, [entropy, p], pivot label.
+#[derive(Clone, Debug)]
+pub struct PivotSample {
+    pub problem_id: usize,
+    pub hidden: Vec<f32>,
+    pub entropy: f32,
+    pub probability: f32,
+    pub pivot: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct PadFitOptions {
+    pub epochs: usize,
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    pub validation_share: f64,
+    pub seed: u64,
+}
+
+impl Default for PadFitOptions {
+    fn default() -> Self {
+        Self {
+            epochs: 2000,
+            learning_rate: 1e-3,
+            weight_decay: 0.01,
+            validation_share: 0.2,
+            seed: 42,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PadFitReport {
+    pub train_samples: usize,
+    pub validation_samples: usize,
+    pub pivot_share: f64,
+    pub best_epoch: usize,
+    pub best_validation_loss: f64,
+    pub validation_auc: f64,
+}
+
+struct Batch {
+    hidden: Tensor,
+    small: Tensor,
+    labels: Tensor,
+    weights: Tensor,
+    pivots: Vec<bool>,
+}
+
+fn batch(samples: &[PivotSample], rows: &[usize], class_weight: [f32; 2]) -> Result<Batch> {
+    let d = samples[rows[0]].hidden.len();
+    let hidden: Vec<f32> = rows.iter().flat_map(|&i| samples[i].hidden.iter().copied()).collect();
+    let small: Vec<f32> = rows
+        .iter()
+        .flat_map(|&i| [samples[i].entropy, samples[i].probability])
+        .collect();
+    let pivots: Vec<bool> = rows.iter().map(|&i| samples[i].pivot).collect();
+    let labels: Vec<u32> = pivots.iter().map(|&p| p as u32).collect();
+    let weights: Vec<f32> = pivots.iter().map(|&p| class_weight[p as usize]).collect();
+    let n = rows.len();
+    Ok(Batch {
+        hidden: Tensor::from_vec(hidden, (n, d), &Device::Cpu)?,
+        small: Tensor::from_vec(small, (n, 2), &Device::Cpu)?,
+        labels: Tensor::from_vec(labels, (n, 1), &Device::Cpu)?,
+        weights: Tensor::from_vec(weights, n, &Device::Cpu)?,
+        pivots,
+    })
+}
+
+/// Σ w_y · (−log softmax(z)_y) / Σ w_y.
+fn weighted_cross_entropy(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
+    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let picked = log_probs.gather(&batch.labels, 1)?.squeeze(1)?;
+    let weighted = (picked.neg()? * &batch.weights)?.sum_all()?;
+    Ok((weighted / batch.weights.sum_all()?.to_scalar::<f32>()? as f64)?)
+}
+
+/// Fit the pivot MLP; `target` is the model the features came from.
+pub fn fit_pivot_mlp(
+    samples: &[PivotSample],
+    layer: i64,
+    target: ModelFingerprint,
+    sigma: f32,
+    options: &PadFitOptions,
+) -> Result<(PivotMlp, PadFitReport)> {
+    ensure!(samples.len() >= 10, "need at least 10 labelled candidates, got {}", samples.len());
+    let pivots = samples.iter().filter(|s| s.pivot).count();
+    ensure!(pivots > 0 && pivots < samples.len(), "need both pivots and non-pivots");
+    let as_fit: Vec<crate::fit::Sample> = samples
+        .iter()
+        .map(|s| crate::fit::Sample { problem_id: s.problem_id, features: Vec::new(), important: s.pivot })
+        .collect();
+    let (train, val) = split_by_problem(&as_fit, options.validation_share, options.seed);
+    let n = train.len() as f32;
+    let train_pivots = train.iter().filter(|&&i| samples[i].pivot).count() as f32;
+    ensure!(train_pivots > 0.0 && train_pivots < n, "the training split needs both classes");
+    let class_weight = [n / (2.0 * (n - train_pivots)), n / (2.0 * train_pivots)];
+    let (train_batch, val_batch) = (batch(samples, &train, class_weight)?, batch(samples, &val, class_weight)?);
+
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let mlp = PivotMlp::new(vb, layer, target.clone(), sigma, serde_json::Value::Null)?;
+    let mut optimizer = candle_nn::AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: options.learning_rate,
+            weight_decay: options.weight_decay,
+            ..Default::default()
+        },
+    )?;
+    let mut best: Option<(usize, f64, Vec<(String, Tensor)>)> = None;
+    for epoch in 1..=options.epochs {
+        let loss = weighted_cross_entropy(&mlp.logits(&train_batch.hidden, &train_batch.small)?, &train_batch)?;
+        optimizer.backward_step(&loss)?;
+        if epoch % 10 == 0 || epoch == options.epochs {
+            let val_loss = weighted_cross_entropy(&mlp.logits(&val_batch.hidden, &val_batch.small)?, &val_batch)?
+                .to_scalar::<f32>()? as f64;
+            if best.as_ref().is_none_or(|b| val_loss < b.1) {
+                let snapshot = varmap
+                    .data()
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), v.as_tensor().copy()?)))
+                    .collect::<Result<Vec<_>>>()?;
+                best = Some((epoch, val_loss, snapshot));
+            }
+        }
+    }
+    let (best_epoch, best_validation_loss, snapshot) = best.expect("at least one evaluation");
+    let tensors: std::collections::HashMap<String, Tensor> = snapshot.into_iter().collect();
+    let load = |report: serde_json::Value| {
+        let vb = VarBuilder::from_tensors(tensors.clone(), DType::F32, &Device::Cpu);
+        PivotMlp::new(vb, layer, target.clone(), sigma, report)
+    };
+    let fitted = load(serde_json::Value::Null)?;
+    let probs = candle_nn::ops::softmax_last_dim(&fitted.logits(&val_batch.hidden, &val_batch.small)?)?
+        .narrow(1, 1, 1)?
+        .squeeze(1)?
+        .to_vec1::<f32>()?;
+    let scores: Vec<f64> = probs.iter().map(|&p| p as f64).collect();
+    let report = PadFitReport {
+        train_samples: train.len(),
+        validation_samples: val.len(),
+        pivot_share: pivots as f64 / samples.len() as f64,
+        best_epoch,
+        best_validation_loss,
+        validation_auc: roc_auc(&scores, &val_batch.pivots),
+    };
+    let head = load(serde_json::to_value(&report)?)?;
+    Ok((head, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighted_cross_entropy_matches_a_hand_computation() {
+        // Two samples, logits (0, 0) and (2, 0); labels 1 and 0; weights 3 and 1.
+        let samples = vec![
+            PivotSample { problem_id: 0, hidden: vec![0.0], entropy: 0.0, probability: 0.0, pivot: true },
+            PivotSample { problem_id: 1, hidden: vec![0.0], entropy: 0.0, probability: 0.0, pivot: false },
+        ];
+        let b = batch(&samples, &[0, 1], [1.0, 3.0]).unwrap();
+        let logits = Tensor::new(&[[0.0f32, 0.0], [2.0, 0.0]], &Device::Cpu).unwrap();
+        let loss = weighted_cross_entropy(&logits, &b).unwrap().to_scalar::<f32>().unwrap() as f64;
+        let expected = (3.0 * 2f64.ln() + 1.0 * (1.0 + (-2f64).exp()).ln()) / 4.0;
+        assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
+    }
+}

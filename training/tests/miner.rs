@@ -1,0 +1,187 @@
+//! Algorithm 1 on a scripted engine whose important tokens are known in advance.
+//!
+//! World: the target's response to any prompt is `BASE` (then EOS); its answer is the last
+//! token. A swapped-in token changes the answer iff it is odd. The draft mismatches at the
+//! positions in `MISMATCHES`, and also two positions after any swapped token, so only an
+//! implementation that recomputes the draft's predictions on the new response finds those
+//! (position 3 here).
+
+use std::cell::Cell;
+
+use anyhow::{bail, Result};
+use verdict::tasks::TaskAdapter;
+use verdict_training::{
+    labels::{LabelStore, ProblemLabels},
+    miner::{mine_problem, MiningEngine},
+};
+
+const BASE: [u32; 8] = [10, 12, 14, 16, 18, 20, 22, 40];
+const MISMATCHES: [usize; 2] = [1, 6];
+
+/// Draft token proposed at a mismatch: odd at position 3 (important), even elsewhere.
+fn draft_token(position: usize, target: u32) -> u32 {
+    if position == 3 {
+        target + 1
+    } else {
+        target + 100
+    }
+}
+
+struct Scripted {
+    /// Fail (as a killed run would stop) after this many calls.
+    fail_after: Option<usize>,
+    calls: Cell<usize>,
+}
+
+impl Scripted {
+    fn new(fail_after: Option<usize>) -> Self {
+        Self { fail_after, calls: Cell::new(0) }
+    }
+
+    fn tick(&self) -> Result<()> {
+        self.calls.set(self.calls.get() + 1);
+        if self.fail_after.is_some_and(|n| self.calls.get() > n) {
+            bail!("killed");
+        }
+        Ok(())
+    }
+}
+
+/// The target continues with `BASE` from wherever the prefix ends; the answer (last
+/// token) is shifted by one for every odd (important) token in the prefix.
+fn target_response(prefix: &[u32], max: usize) -> Vec<u32> {
+    let mut out = prefix.to_vec();
+    let shift = prefix.iter().filter(|t| *t % 2 == 1).count() as u32;
+    while out.len() < BASE.len().min(max) {
+        let i = out.len();
+        out.push(if i == BASE.len() - 1 { BASE[i] + shift } else { BASE[i] });
+    }
+    out
+}
+
+impl MiningEngine for Scripted {
+    fn continue_response(&mut self, _: &str, prefix: &[u32], max: usize) -> Result<Vec<u32>> {
+        self.tick()?;
+        Ok(target_response(prefix, max))
+    }
+
+    fn draft_predictions(&mut self, _: &str, response: &[u32]) -> Result<Vec<u32>> {
+        self.tick()?;
+        Ok((0..response.len())
+            .map(|i| {
+                let swapped_before = i >= 2 && response[i - 2] != BASE[i - 2];
+                let target_next = target_response(&response[..i], i + 1)[i];
+                if MISMATCHES.contains(&i) || swapped_before {
+                    draft_token(i, target_next)
+                } else {
+                    target_next
+                }
+            })
+            .collect())
+    }
+
+    fn decode(&self, tokens: &[u32]) -> Result<String> {
+        Ok(tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "))
+    }
+}
+
+/// Answer: the last number.
+struct LastNumber;
+
+impl TaskAdapter for LastNumber {
+    type Problem = ();
+    fn prompt(&self, _: &()) -> String {
+        "p".into()
+    }
+    fn extract_answer(&self, response: &str) -> Option<String> {
+        response.split_whitespace().last().map(str::to_string)
+    }
+    fn is_correct(&self, _: &(), _: &str) -> bool {
+        false
+    }
+}
+
+fn mine(engine: &mut Scripted, max: usize) -> Result<ProblemLabels> {
+    mine_problem(engine, &LastNumber, 7, "p", max)
+}
+
+#[test]
+fn labels_follow_algorithm_1() {
+    let labels = mine(&mut Scripted::new(None), 100).unwrap();
+    let found: Vec<(usize, u32, u32, bool)> = labels
+        .mismatches
+        .iter()
+        .map(|m| (m.position, m.target_token, m.draft_token, m.important))
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            // Unimportant: the response continues from the swapped token…
+            (1, 12, 112, false),
+            // …where the draft now also mismatches at 3, with an odd token: important, and
+            // the target token stays.
+            (3, 16, 17, true),
+            (6, 22, 122, false),
+        ]
+    );
+    assert_eq!(labels.target_answer.as_deref(), Some("40"));
+    // Unimportant swaps are kept in the final response, the important one is not.
+    assert_eq!(labels.final_response, vec![10, 112, 14, 16, 18, 20, 122, 40]);
+    // Each mismatch was tested on the response prefix of that moment.
+    assert_eq!(labels.mismatches[2].prefix, vec![10, 112, 14, 16, 18, 20]);
+}
+
+#[test]
+fn only_mismatches_after_the_last_tested_one_are_tested() {
+    let labels = mine(&mut Scripted::new(None), 100).unwrap();
+    let positions: Vec<usize> = labels.mismatches.iter().map(|m| m.position).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+}
+
+#[test]
+fn the_length_cap_bounds_every_response() {
+    let labels = mine(&mut Scripted::new(None), 5).unwrap();
+    assert!(labels.final_response.len() <= 5);
+    assert!(labels.mismatches.iter().all(|m| m.position < 5));
+    // Position 6 is beyond the cap and never tested.
+    assert_eq!(labels.mismatches.len(), 2);
+}
+
+#[test]
+fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("labels.jsonl");
+    let problems = [0usize, 1, 2];
+    // Each problem takes 7 engine calls; the engine dies in the middle of problem 1.
+    let mut dying = Scripted::new(Some(10));
+    {
+        let mut store = LabelStore::open(&path).unwrap();
+        for &id in &problems {
+            match mine_problem(&mut dying, &LastNumber, id, "p", 100) {
+                Ok(labels) => store.append(&labels).unwrap(),
+                Err(_) => break,
+            }
+        }
+    }
+    // A crash in the middle of writing leaves half a line behind.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"{\"problem_id\": 1, \"targ"))
+        .unwrap();
+    let mut store = LabelStore::open(&path).unwrap();
+    assert_eq!(store.done_count(), 1);
+    let mut healthy = Scripted::new(None);
+    for &id in &problems {
+        if !store.is_done(id) {
+            store.append(&mine_problem(&mut healthy, &LastNumber, id, "p", 100).unwrap()).unwrap();
+        }
+    }
+    let all = LabelStore::read_all(&path).unwrap();
+    let ids: Vec<usize> = all.iter().map(|p| p.problem_id).collect();
+    assert_eq!(ids, vec![0, 1, 2]);
+    let reference = mine(&mut Scripted::new(None), 100).unwrap();
+    for p in &all {
+        assert_eq!(p.mismatches, reference.mismatches);
+    }
+}
