@@ -57,6 +57,21 @@ impl HeadFile {
             .with_context(|| format!("head file has no metadata {key:?}"))
     }
 
+    /// A metadata value parsed as `T` (a number, usually).
+    pub fn meta_parsed<T: std::str::FromStr>(&self, key: &str) -> Result<T> {
+        let text = self.meta(key)?;
+        text.parse()
+            .map_err(|_| anyhow::anyhow!("head metadata {key:?} = {text:?} is not valid"))
+    }
+
+    /// The training report, or null when there is none.
+    pub fn report(&self) -> serde_json::Value {
+        self.metadata
+            .get("report")
+            .and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
     pub fn meta_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<T> {
         serde_json::from_str(self.meta(key)?).with_context(|| format!("head metadata {key:?}"))
     }

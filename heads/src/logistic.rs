@@ -159,14 +159,9 @@ impl LogisticHead {
             FeatureSpec::TargetOnly => None,
         };
         let threshold: f32 = file
-            .meta("threshold")?
-            .parse()
-            .with_context(|| format!("{}: threshold is not a number", path.display()))?;
-        let report = file
-            .metadata
-            .get("report")
-            .and_then(|r| serde_json::from_str(r).ok())
-            .unwrap_or(serde_json::Value::Null);
+            .meta_parsed("threshold")
+            .with_context(|| path.display().to_string())?;
+        let report = file.report();
         let weight = file.tensor("weight")?.flatten_all()?.to_vec1::<f32>()?;
         let bias = file.tensor("bias")?.flatten_all()?.to_vec1::<f32>()?;
         let [bias] = bias[..] else {

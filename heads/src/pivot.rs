@@ -132,18 +132,12 @@ impl PivotMlp {
         let file = HeadFile::read(path, Self::KIND)?;
         let target: ModelFingerprint = file.meta_json("target_model")?;
         let layer: i64 = file
-            .meta("layer")?
-            .parse()
-            .with_context(|| format!("{}: layer is not an integer", path.display()))?;
+            .meta_parsed("layer")
+            .with_context(|| path.display().to_string())?;
         let sigma: f32 = file
-            .meta("sigma")?
-            .parse()
-            .with_context(|| format!("{}: sigma is not a number", path.display()))?;
-        let report = file
-            .metadata
-            .get("report")
-            .and_then(|r| serde_json::from_str(r).ok())
-            .unwrap_or(serde_json::Value::Null);
+            .meta_parsed("sigma")
+            .with_context(|| path.display().to_string())?;
+        let report = file.report();
         let vb = VarBuilder::from_tensors(file.tensors, DType::F32, &Device::Cpu);
         Self::new(vb, layer, target, sigma, report)
             .with_context(|| format!("{}: tensors do not fit the pivot MLP", path.display()))

@@ -13,6 +13,7 @@ pub mod fingerprint;
 pub mod forward_cost;
 pub mod judge;
 pub mod judges;
+pub mod jsonl;
 pub mod metrics;
 pub mod models;
 pub mod rules;

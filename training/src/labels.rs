@@ -113,12 +113,5 @@ impl LabelStore {
 }
 
 fn read_lines(text: &str, path: &Path) -> Result<Vec<ProblemLabels>> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .with_context(|| format!("{}:{}: not a label record", path.display(), i + 1))
-        })
-        .collect()
+    verdict::jsonl::parse_lines(text, path, "label record")
 }

@@ -15,23 +15,35 @@ use verdict::tasks::TaskAdapter;
 
 use crate::labels::{Mismatch, ProblemLabels};
 
-/// The two operations Algorithm 1 needs from the models.
+/// A target continuation and what the draft predicted along it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Continuation {
+    /// The whole response: the prefix, then the target's greedy tokens.
+    pub response: Vec<u32>,
+    /// The draft's arg-max at each position from `prefix.len()` on, given the response
+    /// tokens before it (what the draft proposes there when speculating).
+    pub predictions: Vec<u32>,
+}
+
+/// What Algorithm 1 needs from the models.
 pub trait MiningEngine {
     /// The target's greedy response to `prompt` that starts with `prefix`, stopped at EOS or
-    /// at `max_response_tokens` tokens in total (prefix included). Returns the whole response.
+    /// at `max_response_tokens` tokens in total (prefix included).
     fn continue_response(
         &mut self,
         prompt: &str,
         prefix: &[u32],
         max_response_tokens: usize,
-    ) -> Result<Vec<u32>>;
-    /// The draft's arg-max at every position of `response`, given the prompt and the
-    /// response tokens before it (one teacher-forced pass).
-    fn draft_predictions(&mut self, prompt: &str, response: &[u32]) -> Result<Vec<u32>>;
+    ) -> Result<Continuation>;
     fn decode(&self, tokens: &[u32]) -> Result<String>;
 }
 
 /// Run Algorithm 1 on one problem.
+///
+/// The draft's predictions along a response are assembled from the runs that produced it:
+/// before a swapped position they are those of the response it was spliced from (same
+/// prefix), at the swap the draft token itself (the draft's arg-max there), after it those
+/// of the continuation. That equals one teacher-forced draft pass over the response.
 pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     engine: &mut E,
     task: &T,
@@ -40,18 +52,18 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     max_response_tokens: usize,
 ) -> Result<ProblemLabels> {
     let start = Instant::now();
-    let mut y = engine.continue_response(prompt, &[], max_response_tokens)?;
-    let mut generated = y.len();
+    let first = continuation(engine, prompt, &[], max_response_tokens)?;
+    let mut generated = first.response.len();
+    let (mut y, mut predicted) = (first.response, first.predictions);
     let alpha = task.extract_answer(&engine.decode(&y)?);
-    let mut predicted = draft_predictions(engine, prompt, &y)?;
     let mut mismatches = Vec::new();
     let mut after = 0;
     while let Some(t) = (after..y.len()).find(|&i| y[i] != predicted[i]) {
         let mut prefix = y[..t].to_vec();
         prefix.push(predicted[t]);
-        let swapped = engine.continue_response(prompt, &prefix, max_response_tokens)?;
-        generated += swapped.len().saturating_sub(prefix.len());
-        let answer = task.extract_answer(&engine.decode(&swapped)?);
+        let swapped = continuation(engine, prompt, &prefix, max_response_tokens)?;
+        generated += swapped.response.len() - prefix.len();
+        let answer = task.extract_answer(&engine.decode(&swapped.response)?);
         let equivalent = match (&alpha, &answer) {
             (Some(a), Some(b)) => task.answers_equivalent(a, b),
             _ => false,
@@ -64,8 +76,9 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
             prefix: y[..t].to_vec(),
         });
         if equivalent {
-            y = swapped;
-            predicted = draft_predictions(engine, prompt, &y)?;
+            predicted.truncate(t + 1);
+            predicted.extend(swapped.predictions);
+            y = swapped.response;
         }
         after = t + 1;
     }
@@ -79,13 +92,24 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     })
 }
 
-fn draft_predictions<E: MiningEngine>(engine: &mut E, prompt: &str, y: &[u32]) -> Result<Vec<u32>> {
-    let predicted = engine.draft_predictions(prompt, y)?;
+/// [`MiningEngine::continue_response`], checked: the response extends the prefix and there
+/// is one prediction per new position.
+fn continuation<E: MiningEngine>(
+    engine: &mut E,
+    prompt: &str,
+    prefix: &[u32],
+    max_response_tokens: usize,
+) -> Result<Continuation> {
+    let c = engine.continue_response(prompt, prefix, max_response_tokens)?;
     ensure!(
-        predicted.len() == y.len(),
-        "draft predicted {} positions for a response of {}",
-        predicted.len(),
-        y.len()
+        c.response.starts_with(prefix) && c.response.len() <= max_response_tokens.max(prefix.len()),
+        "the engine's response does not extend the prefix within the length cap"
     );
-    Ok(predicted)
+    ensure!(
+        c.predictions.len() == c.response.len() - prefix.len(),
+        "draft predicted {} positions for {} new tokens",
+        c.predictions.len(),
+        c.response.len() - prefix.len()
+    );
+    Ok(c)
 }

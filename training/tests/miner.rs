@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use verdict::tasks::TaskAdapter;
 use verdict_training::{
     labels::{LabelStore, ProblemLabels},
-    miner::{mine_problem, MiningEngine},
+    miner::{mine_problem, Continuation, MiningEngine},
 };
 
 const BASE: [u32; 8] = [10, 12, 14, 16, 18, 20, 22, 40];
@@ -59,25 +59,27 @@ fn target_response(prefix: &[u32], max: usize) -> Vec<u32> {
     out
 }
 
-impl MiningEngine for Scripted {
-    fn continue_response(&mut self, _: &str, prefix: &[u32], max: usize) -> Result<Vec<u32>> {
-        self.tick()?;
-        Ok(target_response(prefix, max))
+impl Scripted {
+    /// The draft's arg-max at position `i` of `response`, given the tokens before it.
+    fn draft_at(response: &[u32], i: usize) -> u32 {
+        let swapped_before = i >= 2 && response[i - 2] != BASE[i - 2];
+        let target_next = target_response(&response[..i], i + 1)[i];
+        if MISMATCHES.contains(&i) || swapped_before {
+            draft_token(i, target_next)
+        } else {
+            target_next
+        }
     }
+}
 
-    fn draft_predictions(&mut self, _: &str, response: &[u32]) -> Result<Vec<u32>> {
+impl MiningEngine for Scripted {
+    fn continue_response(&mut self, _: &str, prefix: &[u32], max: usize) -> Result<Continuation> {
         self.tick()?;
-        Ok((0..response.len())
-            .map(|i| {
-                let swapped_before = i >= 2 && response[i - 2] != BASE[i - 2];
-                let target_next = target_response(&response[..i], i + 1)[i];
-                if MISMATCHES.contains(&i) || swapped_before {
-                    draft_token(i, target_next)
-                } else {
-                    target_next
-                }
-            })
-            .collect())
+        let response = target_response(prefix, max);
+        let predictions = (prefix.len()..response.len())
+            .map(|i| Self::draft_at(&response, i))
+            .collect();
+        Ok(Continuation { response, predictions })
     }
 
     fn decode(&self, tokens: &[u32]) -> Result<String> {
@@ -152,8 +154,8 @@ fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("labels.jsonl");
     let problems = [0usize, 1, 2];
-    // Each problem takes 7 engine calls; the engine dies in the middle of problem 1.
-    let mut dying = Scripted::new(Some(10));
+    // Each problem takes 4 engine calls; the engine dies in the middle of problem 1.
+    let mut dying = Scripted::new(Some(6));
     {
         let mut store = LabelStore::open(&path).unwrap();
         for &id in &problems {

@@ -30,14 +30,7 @@ pub fn load(dir: &Path, split: &str) -> Result<Vec<Problem>> {
     let path = dir.join(format!("{split}.jsonl"));
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read GSM8K split {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .with_context(|| format!("{}:{}: not a GSM8K record", path.display(), i + 1))
-        })
-        .collect()
+    crate::jsonl::parse_lines(&text, &path, "GSM8K record")
 }
 
 pub struct Gsm8k;
