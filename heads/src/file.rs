@@ -32,7 +32,10 @@ impl HeadFile {
                 path.display()
             );
         }
-        let version = metadata.get(VERSION_KEY).map(String::as_str).unwrap_or("none");
+        let version = metadata
+            .get(VERSION_KEY)
+            .map(String::as_str)
+            .unwrap_or("none");
         if version != FORMAT_VERSION {
             bail!(
                 "{} has head format version {version:?}; this build reads {FORMAT_VERSION:?}",

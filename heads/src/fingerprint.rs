@@ -22,7 +22,11 @@ impl ModelFingerprint {
     pub fn describe(&self) -> String {
         format!(
             "{} (architecture {}, hidden size {}, {} layers, vocabulary {}, tokenizer {})",
-            if self.source.is_empty() { "<unnamed>" } else { &self.source },
+            if self.source.is_empty() {
+                "<unnamed>"
+            } else {
+                &self.source
+            },
             self.architecture,
             self.hidden_size,
             self.num_layers,

@@ -239,9 +239,10 @@ mod tests {
             report: serde_json::Value::Null,
         };
         let x = [2.0f32, -1.0, 3.0];
-        let z: f64 = b + (0..3)
-            .map(|j| w[j] * (x[j] as f64 - mean[j]) / scale[j])
-            .sum::<f64>();
+        let z: f64 = b
+            + (0..3)
+                .map(|j| w[j] * (x[j] as f64 - mean[j]) / scale[j])
+                .sum::<f64>();
         let expected = 1.0 / (1.0 + (-z).exp());
         let got = head.probability(None, &x).unwrap() as f64;
         assert!((got - expected).abs() < 1e-6, "{got} vs {expected}");
@@ -266,7 +267,9 @@ mod tests {
         assert_eq!(loaded.threshold, 0.1);
         assert_eq!(loaded.report["auc"], 0.9);
         // z = draft[0] − target[1] = 2 − 2 = 0 → 0.5; draft block first.
-        let p = loaded.probability(Some(&[2.0, 5.0]), &[7.0, 2.0, 9.0]).unwrap();
+        let p = loaded
+            .probability(Some(&[2.0, 5.0]), &[7.0, 2.0, 9.0])
+            .unwrap();
         assert!((p - 0.5).abs() < 1e-6);
         assert!(loaded.probability(None, &[7.0, 2.0, 9.0]).is_err());
         std::fs::remove_dir_all(dir).ok();
@@ -289,7 +292,10 @@ mod tests {
             .check_models(Path::new("h.safetensors"), &other, None)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("hidden size 3") && err.contains("hidden size 4"), "{err}");
+        assert!(
+            err.contains("hidden size 3") && err.contains("hidden size 4"),
+            "{err}"
+        );
         assert!(err.contains("big.gguf") && err.contains("tiny"), "{err}");
     }
 }

@@ -82,7 +82,10 @@ impl PivotMlp {
     pub fn logits(&self, hidden: &Tensor, small: &Tensor) -> Result<Tensor> {
         let t = self.target_proj.forward(hidden)?;
         let s = self.small_features_proj.forward(small)?;
-        let fused = self.fuse.forward(&Tensor::cat(&[t, s], D::Minus1)?)?.relu()?;
+        let fused = self
+            .fuse
+            .forward(&Tensor::cat(&[t, s], D::Minus1)?)?
+            .relu()?;
         Ok(self.out.forward(&fused)?)
     }
 
@@ -118,12 +121,18 @@ impl PivotMlp {
 
     pub fn save(&self, path: &Path) -> Result<()> {
         let tensors = self.named_tensors();
-        let refs: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let refs: Vec<(&str, Tensor)> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.clone()))
+            .collect();
         let mut metadata = HashMap::new();
         metadata.insert("layer".into(), self.layer.to_string());
         metadata.insert("target_model".into(), serde_json::to_string(&self.target)?);
         metadata.insert("sigma".into(), self.sigma.to_string());
-        metadata.insert("features".into(), "target layer hidden ; [entropy, p]".into());
+        metadata.insert(
+            "features".into(),
+            "target layer hidden ; [entropy, p]".into(),
+        );
         metadata.insert("report".into(), self.report.to_string());
         HeadFile::write(path, Self::KIND, &refs, metadata)
     }

@@ -180,7 +180,12 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .modes
         .iter()
         .filter(|m| !m.is_plain())
-        .map(|m| Ok((m.clone(), Arc::new(config.named_stack(&m.0, &models.fingerprints())?))))
+        .map(|m| {
+            Ok((
+                m.clone(),
+                Arc::new(config.named_stack(&m.0, &models.fingerprints())?),
+            ))
+        })
         .collect::<Result<_>>()?;
     let runtime = tokio::runtime::Runtime::new()?;
     let metrics = Arc::new(Metrics::default());
@@ -466,7 +471,11 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                                         rescues: j.rescues,
                                         vetoes: j.vetoes,
                                         calls: j.calls,
-                                        share_of_verify: if verify > 0.0 { j.seconds / verify } else { 0.0 },
+                                        share_of_verify: if verify > 0.0 {
+                                            j.seconds / verify
+                                        } else {
+                                            0.0
+                                        },
                                         ms_per_step: 1000.0 * j.seconds / c.steps.max(1) as f64,
                                     },
                                 )

@@ -166,7 +166,14 @@ impl Config {
     /// (`exact+fsd-js`), or the lossless base rule when there are none.
     pub fn stack(&self, models: &LoadedFingerprints) -> Result<JudgeStack> {
         let base = self.speculative.base_rule;
-        let mut stack = build_stack(base.name(), base, &self.judges, "judge", &self.base_dir, models)?;
+        let mut stack = build_stack(
+            base.name(),
+            base,
+            &self.judges,
+            "judge",
+            &self.base_dir,
+            models,
+        )?;
         let names: Vec<&str> = stack
             .replacement
             .iter()
@@ -203,7 +210,14 @@ impl Config {
                         )
                     })?;
                 let base = s.base_rule.unwrap_or(self.speculative.base_rule);
-                build_stack(name, base, &s.judges, &format!("stack[{i}].judge"), &self.base_dir, models)
+                build_stack(
+                    name,
+                    base,
+                    &s.judges,
+                    &format!("stack[{i}].judge"),
+                    &self.base_dir,
+                    models,
+                )
             }
         }
     }
@@ -256,7 +270,10 @@ impl Config {
         let mut seen = std::collections::HashSet::new();
         for (i, stack) in self.stacks.iter().enumerate() {
             if BUILTIN_MODES.contains(&stack.name.as_str()) {
-                bail!("stack[{i}].name = {:?} is reserved; pick another name", stack.name);
+                bail!(
+                    "stack[{i}].name = {:?} is reserved; pick another name",
+                    stack.name
+                );
             }
             if !seen.insert(stack.name.as_str()) {
                 bail!("stack[{i}].name = {:?} is used twice", stack.name);
@@ -328,15 +345,27 @@ mod tests {
 
     #[test]
     fn judge_parameters_are_typed_and_named_in_errors() {
-        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"fsd\"\nthreshhold = 0.1\n"));
+        let err = error_of(&format!(
+            "{MINIMAL}[[judge]]\nkind = \"fsd\"\nthreshhold = 0.1\n"
+        ));
         assert!(err.contains("unknown field `threshhold`"), "{err}");
-        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"dropmatch\"\np = 1.5\n"));
-        assert!(err.contains("judge[0]") && err.contains("p must be in [0, 1), got 1.5"), "{err}");
+        let err = error_of(&format!(
+            "{MINIMAL}[[judge]]\nkind = \"dropmatch\"\np = 1.5\n"
+        ));
+        assert!(
+            err.contains("judge[0]") && err.contains("p must be in [0, 1), got 1.5"),
+            "{err}"
+        );
         let err = error_of(&format!(
             "{MINIMAL}[[stack]]\nname = \"a\"\n[[stack.judge]]\nkind = \"fsd\"\nthreshold = 0.9\n"
         ));
-        assert!(err.contains("stack[0].judge[0]") && err.contains("ln 2"), "{err}");
-        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"dropmatch\"\ncriterion = \"vote\"\n"));
+        assert!(
+            err.contains("stack[0].judge[0]") && err.contains("ln 2"),
+            "{err}"
+        );
+        let err = error_of(&format!(
+            "{MINIMAL}[[judge]]\nkind = \"dropmatch\"\ncriterion = \"vote\"\n"
+        ));
         assert!(err.contains("unknown variant `vote`"), "{err}");
     }
 
@@ -352,7 +381,9 @@ mod tests {
         assert!(config.mode_names().contains(&"dm".to_string()));
         let err = error_of(&format!("{MINIMAL}[[stack]]\nname = \"exact\"\n"));
         assert!(err.contains("reserved"), "{err}");
-        let err = error_of(&format!("{MINIMAL}[[stack]]\nname = \"a\"\n[[stack]]\nname = \"a\"\n"));
+        let err = error_of(&format!(
+            "{MINIMAL}[[stack]]\nname = \"a\"\n[[stack]]\nname = \"a\"\n"
+        ));
         assert!(err.contains("used twice"), "{err}");
     }
 

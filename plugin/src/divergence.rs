@@ -103,7 +103,9 @@ mod tests {
     use super::*;
 
     fn logs(p: &[f64]) -> Vec<f32> {
-        p.iter().map(|&x| (x.ln() as f32).max(LOG_PROB_FLOOR)).collect()
+        p.iter()
+            .map(|&x| (x.ln() as f32).max(LOG_PROB_FLOOR))
+            .collect()
     }
 
     fn div(d: Divergence, p: &[f64], q: &[f64]) -> f64 {
@@ -162,7 +164,10 @@ mod tests {
     fn textbook_js_is_symmetric_and_bounded() {
         let p = log_softmax(&[3.0, -1.0, 0.5, 2.0]);
         let q = log_softmax(&[-2.0, 4.0, 0.0, 1.0]);
-        let (a, b) = (Divergence::Js.between(&p, &q), Divergence::Js.between(&q, &p));
+        let (a, b) = (
+            Divergence::Js.between(&p, &q),
+            Divergence::Js.between(&q, &p),
+        );
         close(a, b, 1e-9);
         assert!(a > 0.0 && a <= std::f64::consts::LN_2);
     }

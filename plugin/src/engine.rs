@@ -19,10 +19,10 @@ use verdict_heads::ModelFingerprint;
 
 use crate::{
     accept::VerdictRule,
-    fingerprint::fingerprint,
-    judges::LoadedFingerprints,
     config::{Config, SamplingConfig},
+    fingerprint::fingerprint,
     judge::JudgeStack,
+    judges::LoadedFingerprints,
     metrics::Metrics,
     models::{cache_dir, resolve, ModelSource},
 };

@@ -59,7 +59,10 @@ fn architecture(source: &ModelSource) -> Result<String> {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
             let config: serde_json::Value = serde_json::from_str(&text)?;
-            Ok(config["model_type"].as_str().unwrap_or("unknown").to_string())
+            Ok(config["model_type"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_string())
         }
     }
 }

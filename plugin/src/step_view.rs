@@ -113,7 +113,14 @@ pub(crate) fn with_view<R>(
     body: impl FnOnce(&StepView) -> R,
 ) -> R {
     let none = mistralrs_core::speculative_hook::HiddenStates::default();
-    with_view_hidden(draft_logits, target_logits, draft_tokens, sampling, (&none, &none), body)
+    with_view_hidden(
+        draft_logits,
+        target_logits,
+        draft_tokens,
+        sampling,
+        (&none, &none),
+        body,
+    )
 }
 
 /// [`with_view`] with captured `(target, draft)` hidden states.

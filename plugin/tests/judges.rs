@@ -92,7 +92,10 @@ fn disabled_judges_are_the_lossless_base_rule() {
                   [[judge]]\nkind = \"pad\"\nhead = \"missing.safetensors\"\nfloor = 1.0\nenabled = false\n";
     let disabled = run(&models, &config, stack(&models, &config, judges));
     assert_eq!(disabled.texts, lossless.texts);
-    assert_eq!(disabled.counters.accepted_tokens, lossless.counters.accepted_tokens);
+    assert_eq!(
+        disabled.counters.accepted_tokens,
+        lossless.counters.accepted_tokens
+    );
     assert!(disabled.counters.judges.is_empty());
 }
 
@@ -104,10 +107,17 @@ fn dropmatch_without_dropout_accepts_exactly_what_exact_accepts() {
     let dm = run(
         &models,
         &config,
-        stack(&models, &config, "[[judge]]\nkind = \"dropmatch\"\np = 0.0\n"),
+        stack(
+            &models,
+            &config,
+            "[[judge]]\nkind = \"dropmatch\"\np = 0.0\n",
+        ),
     );
     assert_eq!(dm.texts, lossless.texts);
-    assert_eq!(dm.counters.accepted_tokens, lossless.counters.accepted_tokens);
+    assert_eq!(
+        dm.counters.accepted_tokens,
+        lossless.counters.accepted_tokens
+    );
     let judge = &dm.counters.judges["dropmatch"];
     assert!(judge.calls > 0, "DropMatch was never asked");
     assert_eq!(judge.rescues, 0);
@@ -121,7 +131,10 @@ fn dropmatch_with_the_same_seed_reproduces_and_rescues() {
     let first = run(&models, &config, stack(&models, &config, judges));
     let second = run(&models, &config, stack(&models, &config, judges));
     assert_eq!(first.texts, second.texts);
-    let (a, b) = (&first.counters.judges["dropmatch"], &second.counters.judges["dropmatch"]);
+    let (a, b) = (
+        &first.counters.judges["dropmatch"],
+        &second.counters.judges["dropmatch"],
+    );
     assert_eq!((a.calls, a.rescues), (b.calls, b.rescues));
     assert!(
         a.rescues > 0,
@@ -197,7 +210,10 @@ fn a_head_for_another_model_is_refused_naming_both() {
     LogisticHead::constant(FeatureSpec::TargetOnly, other, None, 0.5)
         .save(&path)
         .unwrap();
-    let judges = format!("[[judge]]\nkind = \"autojudge\"\nhead = {:?}\n", path.to_str().unwrap());
+    let judges = format!(
+        "[[judge]]\nkind = \"autojudge\"\nhead = {:?}\n",
+        path.to_str().unwrap()
+    );
     let err = format!(
         "{:#}",
         with_judges(&config, &judges)
@@ -206,7 +222,10 @@ fn a_head_for_another_model_is_refused_naming_both() {
             .expect("a head for another model was accepted")
     );
     let hidden = models.target_fingerprint.hidden_size;
-    assert!(err.contains("other-model.gguf") && err.contains("target"), "{err}");
+    assert!(
+        err.contains("other-model.gguf") && err.contains("target"),
+        "{err}"
+    );
     assert!(
         err.contains(&format!("hidden size {}", hidden + 8))
             && err.contains(&format!("hidden size {hidden}")),
@@ -231,7 +250,10 @@ fn pad_floor_vetoes_drafts_the_base_rule_accepted() {
     assert!(lossless.counters.accepted_tokens > 0);
     // Every target probability is below 1: every draft is vetoed, even exact matches.
     let path = write_pad(&models, dir.path(), 0.99);
-    let judges = format!("[[judge]]\nkind = \"pad\"\nhead = {:?}\nfloor = 1.0\n", path.to_str().unwrap());
+    let judges = format!(
+        "[[judge]]\nkind = \"pad\"\nhead = {:?}\nfloor = 1.0\n",
+        path.to_str().unwrap()
+    );
     let vetoed = run(&models, &config, stack(&models, &config, &judges));
     assert_eq!(vetoed.counters.accepted_tokens, 0);
     assert!(vetoed.counters.judges["pad"].vetoes > 0);
@@ -242,7 +264,10 @@ fn pad_non_pivots_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let (models, config) = setup(dir.path());
     let path = write_pad(&models, dir.path(), 0.01);
-    let judges = format!("[[judge]]\nkind = \"pad\"\nhead = {:?}\nfloor = 0.0\n", path.to_str().unwrap());
+    let judges = format!(
+        "[[judge]]\nkind = \"pad\"\nhead = {:?}\nfloor = 0.0\n",
+        path.to_str().unwrap()
+    );
     let kept = run(&models, &config, stack(&models, &config, &judges));
     assert!(kept.counters.judges["pad"].rescues > 0);
     for s in running(&kept.steps) {

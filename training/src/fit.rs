@@ -101,7 +101,11 @@ impl FittedHead {
 }
 
 /// Split by problem: every mismatch of a problem falls on the same side.
-pub fn split_by_problem(samples: &[Sample], validation_share: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
+pub fn split_by_problem(
+    samples: &[Sample],
+    validation_share: f64,
+    seed: u64,
+) -> (Vec<usize>, Vec<usize>) {
     let mut problems: Vec<usize> = samples
         .iter()
         .map(|s| s.problem_id)
@@ -109,7 +113,8 @@ pub fn split_by_problem(samples: &[Sample], validation_share: f64, seed: u64) ->
         .into_iter()
         .collect();
     problems.shuffle(&mut StdRng::seed_from_u64(seed));
-    let n_val = ((problems.len() as f64 * validation_share).round() as usize).clamp(1, problems.len().saturating_sub(1).max(1));
+    let n_val = ((problems.len() as f64 * validation_share).round() as usize)
+        .clamp(1, problems.len().saturating_sub(1).max(1));
     let validation: BTreeSet<usize> = problems[..n_val].iter().copied().collect();
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (i, s) in samples.iter().enumerate() {
@@ -124,7 +129,9 @@ pub fn split_by_problem(samples: &[Sample], validation_share: f64, seed: u64) ->
 
 fn matrix(samples: &[Sample], rows: &[usize]) -> Array2<f64> {
     let d = samples[rows[0]].features.len();
-    Array2::from_shape_fn((rows.len(), d), |(i, j)| samples[rows[i]].features[j] as f64)
+    Array2::from_shape_fn((rows.len(), d), |(i, j)| {
+        samples[rows[i]].features[j] as f64
+    })
 }
 
 /// ROC-AUC as the Mann–Whitney statistic: the chance that an important sample scores above
@@ -169,7 +176,11 @@ pub fn threshold_table(probabilities: &[f64], labels: &[bool]) -> Vec<ThresholdR
             ThresholdRow {
                 tau,
                 recall: caught / important,
-                precision: if n_refused > 0.0 { caught / n_refused } else { 1.0 },
+                precision: if n_refused > 0.0 {
+                    caught / n_refused
+                } else {
+                    1.0
+                },
                 accepted_share: 1.0 - n_refused / probabilities.len() as f64,
             }
         })
@@ -178,15 +189,26 @@ pub fn threshold_table(probabilities: &[f64], labels: &[bool]) -> Vec<ThresholdR
 
 /// Fit the head on `samples` (all with the same feature length).
 pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHead> {
-    ensure!(samples.len() >= 10, "need at least 10 labelled mismatches, got {}", samples.len());
+    ensure!(
+        samples.len() >= 10,
+        "need at least 10 labelled mismatches, got {}",
+        samples.len()
+    );
     let d = samples[0].features.len();
     ensure!(
         samples.iter().all(|s| s.features.len() == d),
         "samples have different feature lengths"
     );
     let (train, val) = split_by_problem(samples, options.validation_share, options.seed);
-    ensure!(!train.is_empty() && !val.is_empty(), "need problems on both sides of the split");
-    let labels = |rows: &[usize]| rows.iter().map(|&i| samples[i].important).collect::<Vec<_>>();
+    ensure!(
+        !train.is_empty() && !val.is_empty(),
+        "need problems on both sides of the split"
+    );
+    let labels = |rows: &[usize]| {
+        rows.iter()
+            .map(|&i| samples[i].important)
+            .collect::<Vec<_>>()
+    };
     let (y_train, y_val) = (labels(&train), labels(&val));
     ensure!(
         y_train.iter().any(|&l| l) && y_train.iter().any(|&l| !l),
@@ -239,7 +261,12 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
         mean.as_slice().unwrap(),
         scale.as_slice().unwrap(),
     );
-    let count_problems = |rows: &[usize]| rows.iter().map(|&i| samples[i].problem_id).collect::<BTreeSet<_>>().len();
+    let count_problems = |rows: &[usize]| {
+        rows.iter()
+            .map(|&i| samples[i].problem_id)
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
     Ok(FittedHead {
         weight,
         bias,
@@ -252,7 +279,8 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
             validation_samples: val.len(),
             train_problems: count_problems(&train),
             validation_problems: count_problems(&val),
-            important_share: samples.iter().filter(|s| s.important).count() as f64 / samples.len() as f64,
+            important_share: samples.iter().filter(|s| s.important).count() as f64
+                / samples.len() as f64,
             grid,
             best_c,
             validation_auc,
@@ -270,10 +298,19 @@ mod tests {
 
     #[test]
     fn auc_by_hand() {
-        assert_eq!(roc_auc(&[0.1, 0.2, 0.8, 0.9], &[false, false, true, true]), 1.0);
-        assert_eq!(roc_auc(&[0.9, 0.8, 0.2, 0.1], &[false, false, true, true]), 0.0);
+        assert_eq!(
+            roc_auc(&[0.1, 0.2, 0.8, 0.9], &[false, false, true, true]),
+            1.0
+        );
+        assert_eq!(
+            roc_auc(&[0.9, 0.8, 0.2, 0.1], &[false, false, true, true]),
+            0.0
+        );
         // One of four positive/negative pairs is out of order; a tie counts half.
-        assert_eq!(roc_auc(&[0.1, 0.5, 0.4, 0.9], &[false, false, true, true]), 0.75);
+        assert_eq!(
+            roc_auc(&[0.1, 0.5, 0.4, 0.9], &[false, false, true, true]),
+            0.75
+        );
         assert_eq!(roc_auc(&[0.5, 0.5], &[false, true]), 0.5);
     }
 
@@ -295,11 +332,17 @@ mod tests {
     #[test]
     fn split_keeps_problems_whole() {
         let samples: Vec<Sample> = (0..100)
-            .map(|i| Sample { problem_id: i / 5, features: vec![0.0], important: false })
+            .map(|i| Sample {
+                problem_id: i / 5,
+                features: vec![0.0],
+                important: false,
+            })
             .collect();
         let (train, val) = split_by_problem(&samples, 0.1, 1);
         assert_eq!(val.len(), 10);
         let val_problems: BTreeSet<usize> = val.iter().map(|&i| samples[i].problem_id).collect();
-        assert!(train.iter().all(|&i| !val_problems.contains(&samples[i].problem_id)));
+        assert!(train
+            .iter()
+            .all(|&i| !val_problems.contains(&samples[i].problem_id)));
     }
 }

@@ -61,7 +61,10 @@ struct Batch {
 
 fn batch(samples: &[PivotSample], rows: &[usize], class_weight: [f32; 2]) -> Result<Batch> {
     let d = samples[rows[0]].hidden.len();
-    let hidden: Vec<f32> = rows.iter().flat_map(|&i| samples[i].hidden.iter().copied()).collect();
+    let hidden: Vec<f32> = rows
+        .iter()
+        .flat_map(|&i| samples[i].hidden.iter().copied())
+        .collect();
     let small: Vec<f32> = rows
         .iter()
         .flat_map(|&i| [samples[i].entropy, samples[i].probability])
@@ -95,19 +98,36 @@ pub fn fit_pivot_mlp(
     sigma: f32,
     options: &PadFitOptions,
 ) -> Result<(PivotMlp, PadFitReport)> {
-    ensure!(samples.len() >= 10, "need at least 10 labelled candidates, got {}", samples.len());
+    ensure!(
+        samples.len() >= 10,
+        "need at least 10 labelled candidates, got {}",
+        samples.len()
+    );
     let pivots = samples.iter().filter(|s| s.pivot).count();
-    ensure!(pivots > 0 && pivots < samples.len(), "need both pivots and non-pivots");
+    ensure!(
+        pivots > 0 && pivots < samples.len(),
+        "need both pivots and non-pivots"
+    );
     let as_fit: Vec<crate::fit::Sample> = samples
         .iter()
-        .map(|s| crate::fit::Sample { problem_id: s.problem_id, features: Vec::new(), important: s.pivot })
+        .map(|s| crate::fit::Sample {
+            problem_id: s.problem_id,
+            features: Vec::new(),
+            important: s.pivot,
+        })
         .collect();
     let (train, val) = split_by_problem(&as_fit, options.validation_share, options.seed);
     let n = train.len() as f32;
     let train_pivots = train.iter().filter(|&&i| samples[i].pivot).count() as f32;
-    ensure!(train_pivots > 0.0 && train_pivots < n, "the training split needs both classes");
+    ensure!(
+        train_pivots > 0.0 && train_pivots < n,
+        "the training split needs both classes"
+    );
     let class_weight = [n / (2.0 * (n - train_pivots)), n / (2.0 * train_pivots)];
-    let (train_batch, val_batch) = (batch(samples, &train, class_weight)?, batch(samples, &val, class_weight)?);
+    let (train_batch, val_batch) = (
+        batch(samples, &train, class_weight)?,
+        batch(samples, &val, class_weight)?,
+    );
 
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
@@ -122,11 +142,17 @@ pub fn fit_pivot_mlp(
     )?;
     let mut best: Option<(usize, f64, Vec<(String, Tensor)>)> = None;
     for epoch in 1..=options.epochs {
-        let loss = weighted_cross_entropy(&mlp.logits(&train_batch.hidden, &train_batch.small)?, &train_batch)?;
+        let loss = weighted_cross_entropy(
+            &mlp.logits(&train_batch.hidden, &train_batch.small)?,
+            &train_batch,
+        )?;
         optimizer.backward_step(&loss)?;
         if epoch % 10 == 0 || epoch == options.epochs {
-            let val_loss = weighted_cross_entropy(&mlp.logits(&val_batch.hidden, &val_batch.small)?, &val_batch)?
-                .to_scalar::<f32>()? as f64;
+            let val_loss = weighted_cross_entropy(
+                &mlp.logits(&val_batch.hidden, &val_batch.small)?,
+                &val_batch,
+            )?
+            .to_scalar::<f32>()? as f64;
             if best.as_ref().is_none_or(|b| val_loss < b.1) {
                 let snapshot = varmap
                     .data()
@@ -146,10 +172,11 @@ pub fn fit_pivot_mlp(
         PivotMlp::new(vb, layer, target.clone(), sigma, report)
     };
     let fitted = load(serde_json::Value::Null)?;
-    let probs = candle_nn::ops::softmax_last_dim(&fitted.logits(&val_batch.hidden, &val_batch.small)?)?
-        .narrow(1, 1, 1)?
-        .squeeze(1)?
-        .to_vec1::<f32>()?;
+    let probs =
+        candle_nn::ops::softmax_last_dim(&fitted.logits(&val_batch.hidden, &val_batch.small)?)?
+            .narrow(1, 1, 1)?
+            .squeeze(1)?
+            .to_vec1::<f32>()?;
     let scores: Vec<f64> = probs.iter().map(|&p| p as f64).collect();
     let report = PadFitReport {
         train_samples: train.len(),
@@ -171,12 +198,27 @@ mod tests {
     fn weighted_cross_entropy_matches_a_hand_computation() {
         // Two samples, logits (0, 0) and (2, 0); labels 1 and 0; weights 3 and 1.
         let samples = vec![
-            PivotSample { problem_id: 0, hidden: vec![0.0], entropy: 0.0, probability: 0.0, pivot: true },
-            PivotSample { problem_id: 1, hidden: vec![0.0], entropy: 0.0, probability: 0.0, pivot: false },
+            PivotSample {
+                problem_id: 0,
+                hidden: vec![0.0],
+                entropy: 0.0,
+                probability: 0.0,
+                pivot: true,
+            },
+            PivotSample {
+                problem_id: 1,
+                hidden: vec![0.0],
+                entropy: 0.0,
+                probability: 0.0,
+                pivot: false,
+            },
         ];
         let b = batch(&samples, &[0, 1], [1.0, 3.0]).unwrap();
         let logits = Tensor::new(&[[0.0f32, 0.0], [2.0, 0.0]], &Device::Cpu).unwrap();
-        let loss = weighted_cross_entropy(&logits, &b).unwrap().to_scalar::<f32>().unwrap() as f64;
+        let loss = weighted_cross_entropy(&logits, &b)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
         let expected = (3.0 * 2f64.ln() + 1.0 * (1.0 + (-2f64).exp()).ln()) / 4.0;
         assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
     }

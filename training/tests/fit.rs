@@ -17,7 +17,11 @@ fn planted(n: usize, seed: u64) -> Vec<Sample> {
                 rng.random_range(-1.0..1.0) * 1e-3,
             ];
             let important = 3.0 * x[0] - x[2] / 50.0 > -1.0;
-            Sample { problem_id: i / 4, features: x, important }
+            Sample {
+                problem_id: i / 4,
+                features: x,
+                important,
+            }
         })
         .collect()
 }
@@ -25,9 +29,16 @@ fn planted(n: usize, seed: u64) -> Vec<Sample> {
 #[test]
 fn fit_recovers_a_planted_rule_and_the_head_reproduces_its_probabilities() {
     let samples = planted(2000, 1);
-    let options = FitOptions { c_grid: vec![0.01, 1.0, 100.0], ..Default::default() };
+    let options = FitOptions {
+        c_grid: vec![0.01, 1.0, 100.0],
+        ..Default::default()
+    };
     let fitted = fit_logistic(&samples, &options).unwrap();
-    assert!(fitted.report.validation_auc > 0.98, "{:?}", fitted.report.grid);
+    assert!(
+        fitted.report.validation_auc > 0.98,
+        "{:?}",
+        fitted.report.grid
+    );
     let recall = fitted
         .report
         .thresholds

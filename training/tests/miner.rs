@@ -35,7 +35,10 @@ struct Scripted {
 
 impl Scripted {
     fn new(fail_after: Option<usize>) -> Self {
-        Self { fail_after, calls: Cell::new(0) }
+        Self {
+            fail_after,
+            calls: Cell::new(0),
+        }
     }
 
     fn tick(&self) -> Result<()> {
@@ -54,7 +57,11 @@ fn target_response(prefix: &[u32], max: usize) -> Vec<u32> {
     let shift = prefix.iter().filter(|t| *t % 2 == 1).count() as u32;
     while out.len() < BASE.len().min(max) {
         let i = out.len();
-        out.push(if i == BASE.len() - 1 { BASE[i] + shift } else { BASE[i] });
+        out.push(if i == BASE.len() - 1 {
+            BASE[i] + shift
+        } else {
+            BASE[i]
+        });
     }
     out
 }
@@ -79,11 +86,18 @@ impl MiningEngine for Scripted {
         let predictions = (prefix.len()..response.len())
             .map(|i| Self::draft_at(&response, i))
             .collect();
-        Ok(Continuation { response, predictions })
+        Ok(Continuation {
+            response,
+            predictions,
+        })
     }
 
     fn decode(&self, tokens: &[u32]) -> Result<String> {
-        Ok(tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "))
+        Ok(tokens
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(" "))
     }
 }
 
@@ -128,7 +142,10 @@ fn labels_follow_algorithm_1() {
     );
     assert_eq!(labels.target_answer.as_deref(), Some("40"));
     // Unimportant swaps are kept in the final response, the important one is not.
-    assert_eq!(labels.final_response, vec![10, 112, 14, 16, 18, 20, 122, 40]);
+    assert_eq!(
+        labels.final_response,
+        vec![10, 112, 14, 16, 18, 20, 122, 40]
+    );
     // Each mismatch was tested on the response prefix of that moment.
     assert_eq!(labels.mismatches[2].prefix, vec![10, 112, 14, 16, 18, 20]);
 }
@@ -176,7 +193,9 @@ fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
     let mut healthy = Scripted::new(None);
     for &id in &problems {
         if !store.is_done(id) {
-            store.append(&mine_problem(&mut healthy, &LastNumber, id, "p", 100).unwrap()).unwrap();
+            store
+                .append(&mine_problem(&mut healthy, &LastNumber, id, "p", 100).unwrap())
+                .unwrap();
         }
     }
     let all = LabelStore::read_all(&path).unwrap();

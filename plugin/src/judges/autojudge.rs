@@ -44,7 +44,11 @@ pub struct AutoJudge {
 }
 
 impl AutoJudge {
-    pub fn load(config: &AutoJudgeConfig, base_dir: &Path, models: &LoadedFingerprints) -> Result<Self> {
+    pub fn load(
+        config: &AutoJudgeConfig,
+        base_dir: &Path,
+        models: &LoadedFingerprints,
+    ) -> Result<Self> {
         let path = head_path(base_dir, &config.head);
         let head = LogisticHead::load(&path)?;
         head.check_models(&path, models.target, models.draft)?;
@@ -71,12 +75,10 @@ impl AutoJudge {
             .context("AutoJudge needs the target's last hidden state; it was not captured")?;
         let target_row = target.get(position + 1)?.to_vec1::<f32>()?;
         let draft_row = if self.head.features.uses_draft() {
-            let draft = view
-                .ctx
-                .draft_hidden
-                .last
-                .as_ref()
-                .context("AutoJudge needs the draft's last hidden state; it was not captured")?;
+            let draft =
+                view.ctx.draft_hidden.last.as_ref().context(
+                    "AutoJudge needs the draft's last hidden state; it was not captured",
+                )?;
             if position + 1 >= draft.dim(0)? {
                 return Ok(None);
             }
@@ -84,7 +86,9 @@ impl AutoJudge {
         } else {
             None
         };
-        Ok(Some(self.head.probability(draft_row.as_deref(), &target_row)?))
+        Ok(Some(
+            self.head.probability(draft_row.as_deref(), &target_row)?,
+        ))
     }
 }
 

@@ -61,7 +61,11 @@ fn default_p() -> f64 {
 impl DropMatchConfig {
     pub fn validate(&self) -> Result<()> {
         ensure!(self.k >= 1, "k must be at least 1, got {}", self.k);
-        ensure!(self.k <= 64, "k = {} heads is out of range; use 1..=64", self.k);
+        ensure!(
+            self.k <= 64,
+            "k = {} heads is out of range; use 1..=64",
+            self.k
+        );
         ensure!(
             (0.0..1.0).contains(&self.p),
             "p must be in [0, 1), got {}",
@@ -85,7 +89,8 @@ impl DropMatch {
         let keep_scale = (1.0 / (1.0 - self.config.p)) as f32;
         let mut out = Vec::with_capacity(self.config.k * hidden);
         for head in 0..self.config.k {
-            let key = mix(mix(mix(self.config.seed) ^ context) ^ ((position as u64) << 32 | head as u64));
+            let key =
+                mix(mix(mix(self.config.seed) ^ context) ^ ((position as u64) << 32 | head as u64));
             let mut rng = StdRng::seed_from_u64(key);
             out.extend((0..hidden).map(|_| {
                 if rng.random::<f64>() < self.config.p {
@@ -255,9 +260,20 @@ mod tests {
         let concentrated = vec![row(2, 8.0); 5];
         let draft_far = log_softmax(&row(2, 2.0));
         assert!(!heads_accept(Criterion::Js, 2, &draft_far, &concentrated));
-        assert!(heads_accept(Criterion::JsMajority, 2, &draft_far, &concentrated));
+        assert!(heads_accept(
+            Criterion::JsMajority,
+            2,
+            &draft_far,
+            &concentrated
+        ));
         // Dispersed heads; a draft distribution near their centroid passes the JS test.
-        let dispersed = vec![row(0, 2.0), row(1, 2.0), row(0, 2.0), row(3, 2.0), row(1, 2.0)];
+        let dispersed = vec![
+            row(0, 2.0),
+            row(1, 2.0),
+            row(0, 2.0),
+            row(3, 2.0),
+            row(1, 2.0),
+        ];
         let mean: Vec<f32> = (0..6)
             .map(|t| dispersed.iter().map(|r| r[t]).sum::<f32>() / 5.0)
             .collect();
@@ -298,7 +314,11 @@ mod tests {
     fn centroid_averages_logits_not_probabilities() {
         // Mean logits (2.67, 0, 3) favour token 2; mean probabilities (0.64, 0.01, 0.35)
         // would favour token 0.
-        let heads = vec![vec![4.0, 0.0, 0.0], vec![4.0, 0.0, 0.0], vec![0.0, 0.0, 9.0]];
+        let heads = vec![
+            vec![4.0, 0.0, 0.0],
+            vec![4.0, 0.0, 0.0],
+            vec![0.0, 0.0, 9.0],
+        ];
         assert_eq!(argmax(&centroid(&heads)), 2);
         let mean_probs: Vec<f32> = (0..3)
             .map(|t| heads.iter().map(|h| log_softmax(h)[t].exp()).sum::<f32>() / 3.0)

@@ -144,7 +144,10 @@ mod tests {
     #[test]
     fn replace_mode_is_the_threshold_alone() {
         // TV = 0.4: under 0.5 even the target's non-arg-max token is kept…
-        assert_eq!(decide(&stack(0.5, FsdMode::Replace), 1, true), PositionOutcome::Kept);
+        assert_eq!(
+            decide(&stack(0.5, FsdMode::Replace), 1, true),
+            PositionOutcome::Kept
+        );
         // …over 0.3 even the arg-max is refused, and the target's arg-max is emitted.
         assert_eq!(
             decide(&stack(0.3, FsdMode::Replace), 0, true),
@@ -154,12 +157,18 @@ mod tests {
 
     #[test]
     fn rescue_mode_keeps_every_base_acceptance() {
-        assert_eq!(decide(&stack(0.3, FsdMode::Rescue), 0, true), PositionOutcome::Kept);
+        assert_eq!(
+            decide(&stack(0.3, FsdMode::Rescue), 0, true),
+            PositionOutcome::Kept
+        );
         assert_eq!(
             decide(&stack(0.3, FsdMode::Rescue), 1, true),
             PositionOutcome::Refused { correction: 0 }
         );
-        assert_eq!(decide(&stack(0.5, FsdMode::Rescue), 1, true), PositionOutcome::Kept);
+        assert_eq!(
+            decide(&stack(0.5, FsdMode::Rescue), 1, true),
+            PositionOutcome::Kept
+        );
     }
 
     #[test]
@@ -176,7 +185,12 @@ mod tests {
             };
             let outcome = with_view(&[vec![0.0, 0.0]], &target, &[0], &sampling, |view| {
                 stack
-                    .decide(view, 0, &mut StdRng::seed_from_u64(seed), &Metrics::default())
+                    .decide(
+                        view,
+                        0,
+                        &mut StdRng::seed_from_u64(seed),
+                        &Metrics::default(),
+                    )
                     .unwrap()
             });
             if outcome == (PositionOutcome::Refused { correction: 1 }) {

@@ -86,7 +86,12 @@ impl Pad {
             .layers
             .iter()
             .find(|(layer, _)| *layer == self.layer)
-            .with_context(|| format!("PAD needs the target's layer {} output; it was not captured", self.layer))?;
+            .with_context(|| {
+                format!(
+                    "PAD needs the target's layer {} output; it was not captured",
+                    self.layer
+                )
+            })?;
         let hidden = states.get(position + 1)?.to_vec1::<f32>()?;
         let log_p = view.target_log_probs(position);
         self.head.probability(
