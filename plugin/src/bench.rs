@@ -462,8 +462,10 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                     .as_ref()
                     .map(|c| {
                         let verify = c.verify_seconds + c.prefill_verify_seconds;
+                        // Snapshots taken under another stack list its judges with no calls.
                         c.judges
                             .iter()
+                            .filter(|(_, j)| j.calls > 0)
                             .map(|(name, j)| {
                                 (
                                     name.clone(),
