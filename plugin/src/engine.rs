@@ -182,6 +182,19 @@ pub struct Engine {
 }
 
 async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, max_seqs: usize) -> Arc<MistralRs> {
+    // The prefix cacher restores only the target's cache, never the draft's, so engines
+    // that may speculate run without it.
+    build_mistralrs_with(pipeline, max_seqs, false).await
+}
+
+/// A mistral.rs engine over one pipeline. With `prefix_cache`, a request that shares a
+/// prefix with an earlier one computes only the tokens after the shared part (mining
+/// continues one prompt many times).
+pub async fn build_mistralrs_with(
+    pipeline: Arc<Mutex<dyn Pipeline>>,
+    max_seqs: usize,
+    prefix_cache: bool,
+) -> Arc<MistralRs> {
     let method = DefaultSchedulerMethod::Fixed(NonZeroUsize::new(max_seqs.max(1)).unwrap());
     MistralRsBuilder::new(
         pipeline,
@@ -190,8 +203,7 @@ async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, max_seqs: usize) ->
         None,
     )
     .with_model_id(MODEL_ID)
-    // The prefix cacher restores only the target's cache, never the draft's.
-    .with_no_prefix_cache(true)
+    .with_no_prefix_cache(!prefix_cache)
     .build()
     .await
 }
@@ -230,11 +242,21 @@ impl Engine {
     }
 }
 
-/// A prompt: a chat turn (the model's chat template applies) or raw text.
+/// A prompt: a chat turn (the model's chat template applies), raw text, or token ids
+/// (continuing a chat-templated prompt from any point, as mining does).
 #[derive(Clone, Debug)]
 pub enum Prompt {
     Chat(String),
     Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// One user turn, as mistral.rs takes chat messages.
+pub fn user_turn(text: &str) -> IndexMap<String, mistralrs_core::MessageContent> {
+    let mut turn = IndexMap::new();
+    turn.insert("role".to_string(), Either::Left("user".to_string()));
+    turn.insert("content".to_string(), Either::Left(text.to_string()));
+    turn
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -283,21 +305,17 @@ pub async fn generate_with_top_tokens(
     top_n: usize,
 ) -> Result<Generation> {
     let message = match prompt {
-        Prompt::Chat(text) => {
-            let mut turn = IndexMap::new();
-            turn.insert("role".to_string(), Either::Left("user".to_string()));
-            turn.insert("content".to_string(), Either::Left(text.clone()));
-            RequestMessage::Chat {
-                messages: vec![turn],
-                enable_thinking: None,
-                reasoning_effort: None,
-            }
-        }
+        Prompt::Chat(text) => RequestMessage::Chat {
+            messages: vec![user_turn(text)],
+            enable_thinking: None,
+            reasoning_effort: None,
+        },
         Prompt::Text(text) => RequestMessage::Completion {
             text: text.clone(),
             echo_prompt: false,
             best_of: None,
         },
+        Prompt::Tokens(tokens) => RequestMessage::CompletionTokens(tokens.clone()),
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(1);
     let mut params = sampling_params(sampling);

@@ -122,9 +122,7 @@ fn main() -> Result<()> {
             no_divergences,
         } => {
             let config = Config::load(&config)?;
-            let data_dir = data_dir
-                .or_else(|| std::env::var_os("VERDICT_GSM8K").map(PathBuf::from))
-                .unwrap_or_else(|| PathBuf::from("../shared/data/gsm8k"));
+            let data_dir = data_dir.unwrap_or_else(verdict::tasks::gsm8k::default_data_dir);
             let report = bench::run(
                 &config,
                 &BenchOptions {

@@ -5,7 +5,13 @@
 //! JSONL, one line per problem) → features → [`fit`] (standardise, logistic regression over a
 //! grid, threshold table) → a `verdict_heads::LogisticHead` file.
 
+pub mod autojudge_head;
+pub mod engine;
+pub mod features;
 pub mod fit;
 pub mod labels;
+pub mod mine;
 pub mod miner;
 pub mod pad_fit;
+pub mod pad_head;
+pub mod pad_mine;

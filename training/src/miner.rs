@@ -6,7 +6,9 @@
 //! continues from the new response (whose later mismatches are recomputed). Different
 //! answer: important, and y keeps the target token. Only mismatches after t are tested
 //! next. Responses never exceed `max_response_tokens` in total, so continuations cannot grow
-//! without bound.
+//! without bound. Only committed answers count ([`TaskAdapter::committed_answer`]): a
+//! problem whose target response has none yields no labels, and a swap whose continuation
+//! has none is important.
 
 use std::time::Instant;
 
@@ -27,6 +29,10 @@ pub struct Continuation {
 
 /// What Algorithm 1 needs from the models.
 pub trait MiningEngine {
+    /// Called before each problem (engines with caches drop the previous problem's).
+    fn start_problem(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// The target's greedy response to `prompt` that starts with `prefix`, stopped at EOS or
     /// at `max_response_tokens` tokens in total (prefix included).
     fn continue_response(
@@ -52,18 +58,24 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     max_response_tokens: usize,
 ) -> Result<ProblemLabels> {
     let start = Instant::now();
+    engine.start_problem()?;
     let first = continuation(engine, prompt, &[], max_response_tokens)?;
     let mut generated = first.response.len();
     let (mut y, mut predicted) = (first.response, first.predictions);
-    let alpha = task.extract_answer(&engine.decode(&y)?);
+    let alpha = task.committed_answer(&engine.decode(&y)?);
     let mut mismatches = Vec::new();
+    if alpha.is_none() {
+        // Nothing to compare swaps with (typically cut off before the answer): no labels.
+        predicted.clear();
+    }
     let mut after = 0;
-    while let Some(t) = (after..y.len()).find(|&i| y[i] != predicted[i]) {
+    while let Some(t) = (after..predicted.len()).find(|&i| y[i] != predicted[i]) {
         let mut prefix = y[..t].to_vec();
         prefix.push(predicted[t]);
         let swapped = continuation(engine, prompt, &prefix, max_response_tokens)?;
         generated += swapped.response.len() - prefix.len();
-        let answer = task.extract_answer(&engine.decode(&swapped.response)?);
+        // A swap whose response commits to no answer within the cap counts as important.
+        let answer = task.committed_answer(&engine.decode(&swapped.response)?);
         let equivalent = match (&alpha, &answer) {
             (Some(a), Some(b)) => task.answers_equivalent(a, b),
             _ => false,

@@ -12,6 +12,7 @@ use anyhow::{bail, Result};
 use verdict::tasks::TaskAdapter;
 use verdict_training::{
     labels::{LabelStore, ProblemLabels},
+    mine::{mine as run_mining, MiningPlan},
     miner::{mine_problem, Continuation, MiningEngine},
 };
 
@@ -170,34 +171,39 @@ fn the_length_cap_bounds_every_response() {
 fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("labels.jsonl");
-    let problems = [0usize, 1, 2];
+    let problems = [(), (), ()];
+    let plan = MiningPlan {
+        problems: 0..3,
+        max_response_tokens: 100,
+    };
     // Each problem takes 4 engine calls; the engine dies in the middle of problem 1.
-    let mut dying = Scripted::new(Some(6));
-    {
-        let mut store = LabelStore::open(&path).unwrap();
-        for &id in &problems {
-            match mine_problem(&mut dying, &LastNumber, id, "p", 100) {
-                Ok(labels) => store.append(&labels).unwrap(),
-                Err(_) => break,
-            }
-        }
-    }
+    assert!(run_mining(
+        &mut Scripted::new(Some(6)),
+        &LastNumber,
+        &problems,
+        &plan,
+        &path
+    )
+    .is_err());
     // A crash in the middle of writing leaves half a line behind.
     std::fs::OpenOptions::new()
         .append(true)
         .open(&path)
         .and_then(|mut f| std::io::Write::write_all(&mut f, b"{\"problem_id\": 1, \"targ"))
         .unwrap();
-    let mut store = LabelStore::open(&path).unwrap();
-    assert_eq!(store.done_count(), 1);
-    let mut healthy = Scripted::new(None);
-    for &id in &problems {
-        if !store.is_done(id) {
-            store
-                .append(&mine_problem(&mut healthy, &LastNumber, id, "p", 100).unwrap())
-                .unwrap();
-        }
-    }
+    assert_eq!(LabelStore::open(&path).unwrap().done_count(), 1);
+    let totals = run_mining(
+        &mut Scripted::new(None),
+        &LastNumber,
+        &problems,
+        &plan,
+        &path,
+    )
+    .unwrap();
+    assert_eq!(
+        (totals.problems, totals.mismatches, totals.important),
+        (3, 9, 3)
+    );
     let all = LabelStore::read_all(&path).unwrap();
     let ids: Vec<usize> = all.iter().map(|p| p.problem_id).collect();
     assert_eq!(ids, vec![0, 1, 2]);
@@ -205,4 +211,46 @@ fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
     for p in &all {
         assert_eq!(p.mismatches, reference.mismatches);
     }
+}
+
+/// Commits to an answer only when the response ends with "40".
+struct CommitsTo40;
+
+impl TaskAdapter for CommitsTo40 {
+    type Problem = ();
+    fn prompt(&self, _: &()) -> String {
+        "p".into()
+    }
+    fn extract_answer(&self, response: &str) -> Option<String> {
+        LastNumber.extract_answer(response)
+    }
+    fn committed_answer(&self, response: &str) -> Option<String> {
+        self.extract_answer(response).filter(|a| a == "40")
+    }
+    fn is_correct(&self, _: &(), _: &str) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_response_cut_off_before_its_answer_yields_no_labels() {
+    // Capped at 7 tokens the target never reaches its answer token (40, the 8th).
+    let labels = mine_problem(&mut Scripted::new(None), &CommitsTo40, 7, "p", 7).unwrap();
+    assert_eq!(labels.target_answer, None);
+    assert!(labels.mismatches.is_empty());
+}
+
+#[test]
+fn a_swap_whose_continuation_commits_to_nothing_is_important() {
+    // Every swap here keeps the length, so the response still ends with an answer token; an
+    // odd swap makes it end with 41, which this task does not count as an answer at all.
+    let labels = mine_problem(&mut Scripted::new(None), &CommitsTo40, 7, "p", 100).unwrap();
+    let important: Vec<bool> = labels.mismatches.iter().map(|m| m.important).collect();
+    let reference: Vec<bool> = mine(&mut Scripted::new(None), 100)
+        .unwrap()
+        .mismatches
+        .iter()
+        .map(|m| m.important)
+        .collect();
+    assert_eq!(important, reference);
 }

@@ -10,6 +10,11 @@ pub trait TaskAdapter {
     fn prompt(&self, problem: &Self::Problem) -> String;
     /// The answer a response commits to, if any.
     fn extract_answer(&self, response: &str) -> Option<String>;
+    /// The answer a response explicitly commits to (mining compares only these: a response
+    /// cut off before its answer has none). Defaults to [`Self::extract_answer`].
+    fn committed_answer(&self, response: &str) -> Option<String> {
+        self.extract_answer(response)
+    }
     /// Whether a response's answer is the reference one.
     fn is_correct(&self, problem: &Self::Problem, response: &str) -> bool;
     /// Whether two extracted answers are the same answer (mining labels a swapped token

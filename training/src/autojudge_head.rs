@@ -1,0 +1,192 @@
+//! `train-head fit --kind autojudge`: labels + features → a `LogisticHead` file and reports.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{ensure, Context, Result};
+use serde::{Deserialize, Serialize};
+use verdict_heads::{FeatureSpec, LogisticHead, ModelFingerprint};
+
+use crate::{
+    features::{feature_path, ProblemFeatures},
+    fit::{fit_logistic, FitOptions, FitReport, Sample},
+    labels::LabelStore,
+};
+
+/// The models the features were computed with, written beside them (so fitting needs no
+/// model loaded, and the head names the models it is for).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FeatureModels {
+    pub target: ModelFingerprint,
+    pub draft: ModelFingerprint,
+}
+
+impl FeatureModels {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join("models.json")
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::write(Self::path(dir), serde_json::to_string_pretty(self)?)?;
+        Ok(())
+    }
+
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = Self::path(dir);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!("cannot read {} (run `train-head features`)", path.display())
+        })?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// Features computed with other models than `self` cannot be mixed in.
+    pub fn check_same(&self, loaded: &FeatureModels, dir: &Path) -> Result<()> {
+        ensure!(
+            self.target.same_model(&loaded.target) && self.draft.same_model(&loaded.draft),
+            "{} holds features of target {} / draft {}, but the config loads {} / {}; use another folder",
+            dir.display(),
+            self.target.describe(),
+            self.draft.describe(),
+            loaded.target.describe(),
+            loaded.draft.describe()
+        );
+        Ok(())
+    }
+}
+
+/// Every labelled mismatch with its feature vector under `spec`.
+pub fn load_samples(labels: &Path, features: &Path, spec: FeatureSpec) -> Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    for problem in LabelStore::read_all(labels)? {
+        if problem.mismatches.is_empty() {
+            continue;
+        }
+        let path = feature_path(features, problem.problem_id);
+        if !path.exists() {
+            tracing::warn!(
+                "problem {} has no features yet ({}); left out",
+                problem.problem_id,
+                path.display()
+            );
+            continue;
+        }
+        let f = ProblemFeatures::load(&path, problem.mismatches.len())?;
+        let target: Vec<Vec<f32>> = f.target_last.to_vec2()?;
+        let draft: Vec<Vec<f32>> = f.draft_last.to_vec2()?;
+        for (i, m) in problem.mismatches.iter().enumerate() {
+            let mut x = Vec::new();
+            if spec.uses_draft() {
+                x.extend_from_slice(&draft[i]);
+            }
+            x.extend_from_slice(&target[i]);
+            samples.push(Sample {
+                problem_id: problem.problem_id,
+                features: x,
+                important: m.important,
+            });
+        }
+    }
+    Ok(samples)
+}
+
+/// The report written beside the head.
+#[derive(Serialize)]
+pub struct HeadReport<'a> {
+    pub features: &'a str,
+    pub labels: String,
+    pub mismatches: usize,
+    pub important: usize,
+    #[serde(flatten)]
+    pub fit: &'a FitReport,
+}
+
+/// Fit, save the head at `out`, and write `<out>.report.json` and `<out>.report.md`.
+pub fn fit_autojudge_head(
+    labels: &Path,
+    features: &Path,
+    spec: FeatureSpec,
+    options: &FitOptions,
+    out: &Path,
+) -> Result<LogisticHead> {
+    let models = FeatureModels::load(features)?;
+    let samples = load_samples(labels, features, spec)?;
+    let important = samples.iter().filter(|s| s.important).count();
+    tracing::info!(
+        "fitting a {} head on {} mismatches ({important} important)",
+        spec.name(),
+        samples.len()
+    );
+    let fitted = fit_logistic(&samples, options)?;
+    let report = HeadReport {
+        features: spec.name(),
+        labels: labels.display().to_string(),
+        mismatches: samples.len(),
+        important,
+        fit: &fitted.report,
+    };
+    let head = LogisticHead {
+        features: spec,
+        weight: fitted.weight.clone(),
+        bias: fitted.bias,
+        target: models.target.clone(),
+        draft: spec.uses_draft().then(|| models.draft.clone()),
+        threshold: fitted.report.chosen_tau as f32,
+        report: serde_json::to_value(&report)?,
+    };
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    head.save(out)?;
+    std::fs::write(
+        out.with_extension("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(out.with_extension("report.md"), markdown(&report))?;
+    tracing::info!(
+        "wrote {} (validation AUC {:.3}, τ {:.3})",
+        out.display(),
+        fitted.report.validation_auc,
+        fitted.report.chosen_tau
+    );
+    Ok(head)
+}
+
+fn markdown(report: &HeadReport) -> String {
+    let fit = report.fit;
+    let mut md = format!(
+        "# AutoJudge head ({} features)\n\n\
+         - labels: `{}`: {} mismatches, {} important ({:.1}%)\n\
+         - split by problem: {} train mismatches ({} problems), {} validation ({} problems)\n\
+         - C chosen by validation ROC-AUC: C = {:.0e}, validation AUC **{:.3}** (train {:.3})\n\
+         - τ = {:.3}: the largest threshold with validation recall of important tokens ≥ {:.0}%\n\n\
+         | C | validation AUC |\n|---|---|\n",
+        report.features,
+        report.labels,
+        report.mismatches,
+        report.important,
+        100.0 * fit.important_share,
+        fit.train_samples,
+        fit.train_problems,
+        fit.validation_samples,
+        fit.validation_problems,
+        fit.best_c,
+        fit.validation_auc,
+        fit.train_auc,
+        fit.chosen_tau,
+        100.0 * fit.min_recall,
+    );
+    for (c, auc) in &fit.grid {
+        md += &format!("| {c:.0e} | {auc:.3} |\n");
+    }
+    md += "\nAccept a mismatch iff P(important) < τ. On the validation split:\n\n\
+           | τ | recall of important | precision | mismatches accepted |\n|---|---|---|---|\n";
+    for row in &fit.thresholds {
+        md += &format!(
+            "| {:.3} | {:.1}% | {:.1}% | {:.1}% |\n",
+            row.tau,
+            100.0 * row.recall,
+            100.0 * row.precision,
+            100.0 * row.accepted_share
+        );
+    }
+    md
+}

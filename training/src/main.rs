@@ -1,0 +1,343 @@
+//! `train-head`: mine GSM8K for important tokens, compute features, fit the heads.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use verdict::{
+    config::Config,
+    engine::LoadedModels,
+    tasks::{gsm8k, TaskAdapter},
+};
+use verdict_heads::FeatureSpec;
+use verdict_training::{
+    autojudge_head::{fit_autojudge_head, FeatureModels},
+    engine::MistralEngines,
+    features::compute_features,
+    fit::FitOptions,
+    mine::{mine, MiningPlan},
+    pad_fit::PadFitOptions,
+    pad_head::{compute_pad_features, fit_pad_head},
+    pad_mine::{mine_pivots, PadPlan},
+};
+
+#[derive(Parser)]
+#[command(
+    name = "train-head",
+    version,
+    about = "Mine labelled draft/target mismatches and fit the heads Verdict loads"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// With no subcommand: mine, compute features and fit, end to end (each step resumes).
+    #[command(flatten)]
+    all: AllArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// AutoJudge's Algorithm 1: label which mismatches change the answer (resumable).
+    Mine(MineArgs),
+    /// Hidden states of both models at every labelled mismatch (resumable).
+    Features(FeaturesArgs),
+    /// Fit the head on labels and features; writes the head and its reports.
+    Fit(FitArgs),
+}
+
+/// The task and the models every step works with.
+#[derive(Args, Clone)]
+struct TaskArgs {
+    /// A verdict config naming the target and draft (`[models]`).
+    #[arg(long, short, default_value = "configs/default.toml")]
+    config: PathBuf,
+    #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k"])]
+    task: String,
+    /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K or ../shared/data/gsm8k).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, default_value = "train")]
+    split: String,
+}
+
+#[derive(Args, Clone)]
+struct LabelArgs {
+    /// Append-only label file; problems already in it are skipped.
+    #[arg(long, default_value = "heads/gsm8k_labels.jsonl")]
+    labels: PathBuf,
+}
+
+#[derive(Args, Clone)]
+struct FeatureDirArgs {
+    /// One safetensors file per problem, plus models.json.
+    #[arg(long, default_value = ".verdict-work/gsm8k/features")]
+    features: PathBuf,
+}
+
+#[derive(Args, Clone)]
+struct HeadArgs {
+    /// `draft+target` (the paper's main setup) or `target` (target hidden state only).
+    #[arg(long, default_value = "draft+target", value_parser = parse_spec)]
+    spec: FeatureSpec,
+    /// Wanted validation recall of important tokens; τ is the largest threshold reaching it.
+    #[arg(long, default_value_t = 0.9)]
+    min_recall: f64,
+    /// The head file; reports go beside it (.report.json, .report.md).
+    #[arg(long, default_value = "heads/gsm8k_head.safetensors")]
+    out: PathBuf,
+}
+
+fn parse_spec(text: &str) -> Result<FeatureSpec, String> {
+    match text {
+        "draft+target" => Ok(FeatureSpec::DraftAndTarget),
+        "target" => Ok(FeatureSpec::TargetOnly),
+        other => Err(format!(
+            "unknown feature spec {other:?} (draft+target or target)"
+        )),
+    }
+}
+
+#[derive(Args, Clone)]
+struct AllArgs {
+    #[command(flatten)]
+    mine: MineArgs,
+    #[command(flatten)]
+    features: FeatureDirArgs,
+    #[command(flatten)]
+    head: HeadArgs,
+}
+
+#[derive(Args)]
+struct FeaturesArgs {
+    /// `autojudge` (last hidden states of both models) or `pad` (target layer L − 8 and
+    /// [entropy, p] for the PAD labels).
+    #[arg(long, default_value = "autojudge", value_parser = ["autojudge", "pad"])]
+    kind: String,
+    #[arg(long, default_value = "heads/gsm8k_pad_labels.jsonl")]
+    pad_labels: PathBuf,
+    #[arg(long, default_value = ".verdict-work/gsm8k/pad-features")]
+    pad_features: PathBuf,
+    #[command(flatten)]
+    task: TaskArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
+    #[command(flatten)]
+    features: FeatureDirArgs,
+}
+
+#[derive(Args)]
+struct FitArgs {
+    /// `autojudge` (logistic head) or `pad` (pivot MLP).
+    #[arg(long, default_value = "autojudge", value_parser = ["autojudge", "pad"])]
+    kind: String,
+    #[arg(long, default_value = "heads/gsm8k_pad_labels.jsonl")]
+    pad_labels: PathBuf,
+    #[arg(long, default_value = ".verdict-work/gsm8k/pad-features")]
+    pad_features: PathBuf,
+    /// PAD: accept a candidate iff P(pivot) ≤ sigma (stored in the head as its default).
+    #[arg(long, default_value_t = 0.5)]
+    sigma: f32,
+    /// PAD head file.
+    #[arg(long, default_value = "heads/gsm8k_pad_head.safetensors")]
+    pad_out: PathBuf,
+    #[command(flatten)]
+    labels: LabelArgs,
+    #[command(flatten)]
+    features: FeatureDirArgs,
+    #[command(flatten)]
+    head: HeadArgs,
+}
+
+#[derive(Args, Clone)]
+struct MineArgs {
+    #[command(flatten)]
+    task: TaskArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
+    /// First problem (index into the split).
+    #[arg(long, default_value_t = 0)]
+    first: usize,
+    /// Problems to mine from `first` on.
+    #[arg(long, default_value_t = 100)]
+    problems: usize,
+    /// Cap on the total response length (prefix included) of every generation.
+    #[arg(long, default_value_t = 320)]
+    max_response_tokens: usize,
+    #[command(flatten)]
+    pad: PadArgs,
+}
+
+#[derive(Args, Clone)]
+struct PadArgs {
+    /// `autojudge`: Algorithm 1 into --labels. `pad`: rollout labels for a sample of the
+    /// mismatches in --labels, into --pad-labels.
+    #[arg(long, default_value = "autojudge", value_parser = ["autojudge", "pad"])]
+    method: String,
+    #[arg(long, default_value = "heads/gsm8k_pad_labels.jsonl")]
+    pad_labels: PathBuf,
+    /// PAD: target rollouts per side (prefix + target token, prefix + draft token).
+    #[arg(long, default_value_t = 4)]
+    rollouts: usize,
+    /// PAD: candidates to label (a seeded sample of the mined mismatches).
+    #[arg(long, default_value_t = 200)]
+    candidates: usize,
+    /// PAD: pivot iff candidate success rate < alpha × base success rate.
+    #[arg(long, default_value_t = 0.8)]
+    alpha: f64,
+}
+
+impl TaskArgs {
+    fn problems(&self) -> Result<Vec<gsm8k::Problem>> {
+        let dir = self
+            .data_dir
+            .clone()
+            .unwrap_or_else(gsm8k::default_data_dir);
+        gsm8k::load(&dir, &self.split)
+    }
+
+    fn engines(&self) -> Result<MistralEngines> {
+        let config = Config::load(&self.config)?;
+        MistralEngines::new(&LoadedModels::load(&config)?)
+    }
+}
+
+fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
+    if args.pad.method == "pad" {
+        let plan = PadPlan {
+            rollouts: args.pad.rollouts,
+            alpha: args.pad.alpha,
+            candidates: args.pad.candidates,
+            max_response_tokens: args.max_response_tokens,
+            ..PadPlan::default()
+        };
+        let problems = args.task.problems()?;
+        return mine_pivots(
+            engines,
+            &gsm8k::Gsm8k,
+            &problems,
+            &args.labels.labels,
+            &plan,
+            &args.pad.pad_labels,
+        );
+    }
+    let plan = MiningPlan {
+        problems: args.first..args.first + args.problems,
+        max_response_tokens: args.max_response_tokens,
+    };
+    let problems = args.task.problems()?;
+    mine(
+        engines,
+        &gsm8k::Gsm8k,
+        &problems,
+        &plan,
+        &args.labels.labels,
+    )?;
+    Ok(())
+}
+
+fn prompt_lookup<'a>(
+    problems: &'a [gsm8k::Problem],
+    split: &str,
+) -> impl Fn(usize) -> Result<String> + 'a {
+    let split = split.to_string();
+    move |id| {
+        let problem = problems
+            .get(id)
+            .ok_or_else(|| anyhow::anyhow!("problem {id} is not in split {split}"))?;
+        Ok(gsm8k::Gsm8k.prompt(problem))
+    }
+}
+
+fn run_features(
+    task: &TaskArgs,
+    labels: &LabelArgs,
+    features: &FeatureDirArgs,
+    engines: &mut MistralEngines,
+) -> Result<()> {
+    let dir = &features.features;
+    std::fs::create_dir_all(dir)?;
+    let loaded = engines.models().clone();
+    if FeatureModels::path(dir).exists() {
+        FeatureModels::load(dir)?.check_same(&loaded, dir)?;
+    } else {
+        loaded.save(dir)?;
+    }
+    let problems = task.problems()?;
+    compute_features(
+        engines,
+        prompt_lookup(&problems, &task.split),
+        &labels.labels,
+        dir,
+    )
+}
+
+fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs) -> Result<()> {
+    let options = FitOptions {
+        min_recall: head.min_recall,
+        ..FitOptions::default()
+    };
+    fit_autojudge_head(
+        &labels.labels,
+        &features.features,
+        head.spec,
+        &options,
+        &head.out,
+    )?;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                "verdict=info,verdict_training=info,train_head=info,mistralrs_core=warn".into()
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Mine(args)) => run_mine(&args, &mut args.task.engines()?),
+        Some(Command::Features(args)) if args.kind == "pad" => {
+            let mut engines = args.task.engines()?;
+            let problems = args.task.problems()?;
+            std::fs::create_dir_all(&args.pad_features)?;
+            engines.models().save(&args.pad_features)?;
+            compute_pad_features(
+                &mut engines,
+                prompt_lookup(&problems, &args.task.split),
+                &args.pad_labels,
+                &args.pad_features,
+            )
+        }
+        Some(Command::Features(args)) => run_features(
+            &args.task,
+            &args.labels,
+            &args.features,
+            &mut args.task.engines()?,
+        ),
+        Some(Command::Fit(args)) if args.kind == "pad" => fit_pad_head(
+            &args.pad_labels,
+            &args.pad_features,
+            &FeatureModels::load(&args.pad_features)?,
+            args.sigma,
+            &PadFitOptions::default(),
+            &args.pad_out,
+        ),
+        Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
+        None => {
+            let all = cli.all;
+            let mut engines = all.mine.task.engines()?;
+            run_mine(&all.mine, &mut engines)?;
+            run_features(
+                &all.mine.task,
+                &all.mine.labels,
+                &all.features,
+                &mut engines,
+            )?;
+            drop(engines);
+            run_fit(&all.mine.labels, &all.features, &all.head)
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! `train-head mine`: Algorithm 1 over a range of problems, resumable, with a progress bar.
+
+use std::{path::Path, time::Instant};
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use verdict::tasks::TaskAdapter;
+
+use crate::{
+    labels::{LabelStore, ProblemLabels},
+    miner::{mine_problem, MiningEngine},
+};
+
+/// What one mining run covers.
+#[derive(Clone, Debug)]
+pub struct MiningPlan {
+    /// Indices into the split, in order.
+    pub problems: std::ops::Range<usize>,
+    pub max_response_tokens: usize,
+}
+
+/// Totals over the label file, for the log and the note.
+#[derive(Clone, Debug, Default)]
+pub struct MiningTotals {
+    pub problems: usize,
+    pub problems_with_answer: usize,
+    pub mismatches: usize,
+    pub important: usize,
+    pub generated_tokens: usize,
+    pub seconds: f64,
+}
+
+impl MiningTotals {
+    pub fn add(&mut self, labels: &ProblemLabels) {
+        self.problems += 1;
+        self.problems_with_answer += usize::from(labels.target_answer.is_some());
+        self.mismatches += labels.mismatches.len();
+        self.important += labels.mismatches.iter().filter(|m| m.important).count();
+        self.generated_tokens += labels.generated_tokens;
+        self.seconds += labels.seconds;
+    }
+
+    pub fn of_file(path: &Path) -> Result<Self> {
+        let mut totals = Self::default();
+        if path.exists() {
+            for labels in LabelStore::read_all(path)? {
+                totals.add(&labels);
+            }
+        }
+        Ok(totals)
+    }
+
+    pub fn summary(&self) -> String {
+        let hours = self.seconds / 3600.0;
+        format!(
+            "{} problems ({} with an answer), {} mismatches ({} important, {:.1}%), {} target tokens in {:.2} h: {:.0} problems/h, {:.0} tokens/h",
+            self.problems,
+            self.problems_with_answer,
+            self.mismatches,
+            self.important,
+            100.0 * self.important as f64 / self.mismatches.max(1) as f64,
+            self.generated_tokens,
+            hours,
+            self.problems as f64 / hours.max(1e-9),
+            self.generated_tokens as f64 / hours.max(1e-9),
+        )
+    }
+}
+
+/// Mine every problem of `plan` not yet in `labels`, appending each as it finishes.
+pub fn mine<E, T>(
+    engine: &mut E,
+    task: &T,
+    problems: &[T::Problem],
+    plan: &MiningPlan,
+    labels: &Path,
+) -> Result<MiningTotals>
+where
+    E: MiningEngine,
+    T: TaskAdapter,
+{
+    let mut store = LabelStore::open(labels)?;
+    let mut totals = MiningTotals::of_file(labels)?;
+    let todo: Vec<usize> = plan
+        .problems
+        .clone()
+        .filter(|&id| id < problems.len() && !store.is_done(id))
+        .collect();
+    tracing::info!(
+        "{}: {} problems already mined, {} to go (problems {}..{}, responses capped at {} tokens)",
+        labels.display(),
+        store.done_count(),
+        todo.len(),
+        plan.problems.start,
+        plan.problems.end.min(problems.len()),
+        plan.max_response_tokens
+    );
+    let bar = ProgressBar::new(todo.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} problems, ETA {eta} {msg}",
+        )?
+        .progress_chars("=> "),
+    );
+    let run_start = Instant::now();
+    let mut run_tokens = 0usize;
+    for id in todo {
+        let prompt = task.prompt(&problems[id]);
+        let mined = mine_problem(engine, task, id, &prompt, plan.max_response_tokens)?;
+        store.append(&mined)?;
+        totals.add(&mined);
+        run_tokens += mined.generated_tokens;
+        let important = mined.mismatches.iter().filter(|m| m.important).count();
+        bar.println(format!(
+            "problem {id}: answer {}, {} mismatches ({important} important), {} tokens in {:.0}s",
+            mined.target_answer.as_deref().unwrap_or("none (skipped)"),
+            mined.mismatches.len(),
+            mined.generated_tokens,
+            mined.seconds
+        ));
+        bar.set_message(format!(
+            "| {} mismatches, {} important | {:.1} target tok/s",
+            totals.mismatches,
+            totals.important,
+            run_tokens as f64 / run_start.elapsed().as_secs_f64()
+        ));
+        bar.inc(1);
+    }
+    bar.finish();
+    tracing::info!("{}: {}", labels.display(), totals.summary());
+    Ok(totals)
+}

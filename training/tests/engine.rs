@@ -1,0 +1,114 @@
+//! The mining engine on real mistral.rs pipelines over tiny generated models: prefix-cache
+//! hits must not change what the target generates or what the features are, and the
+//! draft's teacher-forced predictions must be what the draft itself would generate.
+
+use std::path::Path;
+
+use mistralrs_core::hidden_capture::CaptureRequest;
+use verdict::{
+    config::Config,
+    engine::LoadedModels,
+    tiny_model::{words, write_tiny_model, write_tiny_model_perturbed, TinyArch, TinySpec},
+};
+use verdict_training::{
+    engine::{MistralEngines, Model},
+    features::last_row,
+    miner::MiningEngine,
+};
+
+const CAP: usize = 14;
+
+fn engines(dir: &Path) -> MistralEngines {
+    let spec = TinySpec::new(TinyArch::Qwen2, 7);
+    write_tiny_model(&spec, &dir.join("target")).unwrap();
+    write_tiny_model_perturbed(&spec, &dir.join("draft"), Some((99, 0.4))).unwrap();
+    let config = Config::from_toml(&format!(
+        "[models]\ntarget = {:?}\ndraft = {:?}\n",
+        dir.join("target").to_str().unwrap(),
+        dir.join("draft").to_str().unwrap(),
+    ))
+    .unwrap();
+    MistralEngines::new(&LoadedModels::load(&config).unwrap()).unwrap()
+}
+
+fn last_hidden(engines: &MistralEngines, model: Model, tokens: &[u32]) -> Vec<f32> {
+    let states = engines
+        .capture(
+            model,
+            tokens,
+            CaptureRequest {
+                last_hidden: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    last_row(&states.last_hidden.unwrap()).unwrap()
+}
+
+#[test]
+fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engines = engines(dir.path());
+    let prompt = words(&[3, 1, 4, 1, 5]);
+    let full = engines.continue_response(&prompt, &[], CAP).unwrap();
+    assert!(full.response.len() > 4, "{:?}", full.response);
+    assert_eq!(full.predictions.len(), full.response.len());
+
+    // Continuing from any prefix of the response (the cache holds the longer sequence)
+    // gives the same greedy tokens and the same draft predictions.
+    for k in [1, 3, full.response.len() - 1] {
+        let again = engines
+            .continue_response(&prompt, &full.response[..k], CAP)
+            .unwrap();
+        assert_eq!(again.response, full.response, "prefix of {k}");
+        assert_eq!(again.predictions, full.predictions[k..], "prefix of {k}");
+    }
+
+    // A prediction is the draft's own greedy next token after the response so far.
+    let prompt_tokens = engines.prompt_tokens(&prompt).unwrap();
+    for p in [0, 2, full.response.len() - 1] {
+        let mut context = prompt_tokens.clone();
+        context.extend_from_slice(&full.response[..p]);
+        let next = engines.greedy(Model::Draft, &context, 1).unwrap();
+        assert_eq!(next.first(), Some(&full.predictions[p]), "position {p}");
+    }
+
+    // The hidden state at a draft token, read after the cache has seen the prefix (one
+    // new token), equals the one read by a fresh engine over the whole sequence. The second
+    // probe extends a finished request by its sampled token and one more: that token's KV
+    // was never computed, so the cache must not claim it.
+    let mut swapped = prompt_tokens.clone();
+    swapped.extend_from_slice(&full.response[..4]);
+    swapped.push(full.response[0]);
+    let probes: Vec<(Model, Vec<u32>)> = [Model::Target, Model::Draft]
+        .into_iter()
+        .flat_map(|m| {
+            let mut extended = prompt_tokens.clone();
+            extended.extend_from_slice(&full.response[..2]);
+            let sampled = engines.greedy(m, &extended, 1).unwrap();
+            extended.extend_from_slice(&sampled);
+            extended.push(full.response[0]);
+            [(m, swapped.clone()), (m, extended)]
+        })
+        .collect();
+    let warm: Vec<Vec<f32>> = probes
+        .iter()
+        .map(|(m, tokens)| last_hidden(&engines, *m, tokens))
+        .collect();
+    drop(engines);
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let fresh = self::engines(fresh_dir.path());
+    for ((m, tokens), warm) in probes.iter().zip(&warm) {
+        let cold = last_hidden(&fresh, *m, tokens);
+        assert_eq!(cold.len(), warm.len());
+        let worst = cold
+            .iter()
+            .zip(warm)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-4,
+            "{m:?} {tokens:?}: hidden states differ by {worst}"
+        );
+    }
+}
