@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}"
 bash patches/apply.sh
-cargo build --release -p verdict
+cargo build --release --workspace --bins
 verdict="$CARGO_TARGET_DIR/release/verdict"
 "$verdict" fetch-models
 "$verdict" bench --config configs/default.toml --dataset gsm8k --split test --limit "${LIMIT:-5}" \

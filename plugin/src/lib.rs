@@ -16,6 +16,7 @@ pub mod judge;
 pub mod judges;
 pub mod metrics;
 pub mod models;
+pub mod plot;
 pub mod rules;
 pub mod server;
 pub mod step_view;

@@ -94,6 +94,15 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         repeats: usize,
     },
+    /// Plot accuracy against τ from a bench report (SVG): the trade-off curve of a judge.
+    Plot {
+        /// A `verdict bench` JSON report.
+        report: PathBuf,
+        #[arg(long, short)]
+        out: PathBuf,
+        #[arg(long, default_value = "GSM8K: accuracy against acceptance length")]
+        title: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -150,6 +159,9 @@ fn main() -> Result<()> {
             list,
             cache_dir,
         } => fetch_models(names, all, list, cache_dir),
+        Command::Plot { report, out, title } => {
+            verdict::plot::accuracy_vs_tau(&report, &out, &title)
+        }
         Command::ForwardCost {
             config,
             tokens,

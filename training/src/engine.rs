@@ -32,6 +32,13 @@ use crate::{
     pad_mine::RolloutEngine,
 };
 
+/// The logits of one teacher-forced forward: row i follows token `first + i`.
+pub struct RawForward {
+    pub first: usize,
+    /// `[positions, vocab]`, f32.
+    pub logits: Tensor,
+}
+
 /// Which of the pair a request goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Model {
@@ -48,6 +55,8 @@ pub struct MistralEngines {
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
     models: FeatureModels,
+    /// Positions the draft's prefix cache supplied in the last teacher-forced pass.
+    last_draft_cached: usize,
     /// Chat-templated prompt tokens, by prompt text.
     prompts: HashMap<String, Vec<u32>>,
 }
@@ -94,8 +103,15 @@ impl MistralEngines {
                     .clone()
                     .context("the draft has no fingerprint")?,
             },
+            last_draft_cached: 0,
             prompts: HashMap::new(),
-        })
+        }
+        .settled())
+    }
+
+    fn settled(self) -> Self {
+        self.settle_both();
+        self
     }
 
     /// The prompt as the chat engine sees it: template applied, generation prompt added.
@@ -127,6 +143,21 @@ impl MistralEngines {
         let (target, draft) = self.runtime.block_on(engines_over(&self.pipelines));
         self.target = target;
         self.draft = draft;
+        self.settle_both();
+    }
+
+    /// [`Self::settle`] both engines (after their start-up dummy runs).
+    fn settle_both(&self) {
+        for model in [Model::Target, Model::Draft] {
+            if let Err(e) = self.settle(model, 0) {
+                tracing::warn!("{model:?} engine did not settle: {e:#}");
+            }
+        }
+    }
+
+    /// Positions of the last teacher-forced draft pass that came from the prefix cache.
+    pub fn last_draft_cached(&self) -> usize {
+        self.last_draft_cached
     }
 
     /// The fingerprints of the loaded pair.
@@ -141,28 +172,108 @@ impl MistralEngines {
         }
     }
 
-    /// What `request` captures while `model` reads `tokens` (one forward, over the tokens
-    /// the prefix cache lacks; the last position is always among them).
+    /// What `request` captures while `model` reads `tokens`, with the logits of the same
+    /// forward: a teacher-forced pass over the tokens the prefix cache lacks (the last
+    /// position is always among them).
+    ///
+    /// The capture is armed for whichever thread runs a forward, and mistral.rs still runs
+    /// a forward for a generation request after answering it, so a window can record a
+    /// stray forward. Each capture is therefore checked: one recording per requested
+    /// layer, the last hidden state over this forward's positions, and the LM head applied
+    /// to it giving this forward's logits. A failed check is retried.
     pub fn capture(
         &self,
         model: Model,
         tokens: &[u32],
         request: CaptureRequest,
-    ) -> Result<CapturedStates> {
-        let sampling = SamplingConfig {
-            max_tokens: 1,
-            ..SamplingConfig::default()
+    ) -> Result<(RawForward, CapturedStates)> {
+        let armed = CaptureRequest {
+            last_hidden: true,
+            lm_head: true,
+            ..request.clone()
         };
-        hidden_capture::arm_shared(request);
-        let generation = self.runtime.block_on(generate_with_top_tokens(
-            self.engine(model),
-            &Prompt::Tokens(tokens.to_vec()),
-            &sampling,
-            0,
-        ));
-        let states = hidden_capture::disarm_shared();
-        generation?;
-        states.context("nothing was captured")
+        let mut last_error = None;
+        for attempt in 0..5 {
+            hidden_capture::arm_shared(armed.clone());
+            let forward = self.raw_forward(model, tokens);
+            let states = hidden_capture::disarm_shared();
+            let forward = forward?;
+            let states = states.context("nothing was captured")?;
+            match check_capture(&forward, &states, &request) {
+                Ok(()) => return Ok((forward, states)),
+                Err(e) => {
+                    tracing::warn!("{model:?} capture attempt {attempt} rejected: {e:#}");
+                    last_error = Some(e);
+                }
+            }
+        }
+        Err(last_error
+            .unwrap()
+            .context("every capture attempt recorded another forward"))
+    }
+
+    /// One teacher-forced forward of `model` over `tokens` (`return_raw_logits`); mistral.rs
+    /// caches it as a prefix (our patch), and a cache hit computes only the rest.
+    pub fn raw_forward(&self, model: Model, tokens: &[u32]) -> Result<RawForward> {
+        let engine = self.engine(model);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let params = SamplingParams {
+            temperature: Some(0.0),
+            max_len: Some(1),
+            ..SamplingParams::neutral()
+        };
+        let mut request = NormalRequest::new_simple(
+            RequestMessage::CompletionTokens(tokens.to_vec()),
+            params,
+            tx,
+            engine.next_request_id(),
+            None,
+            None,
+        );
+        request.return_raw_logits = true;
+        let response = self.runtime.block_on(async {
+            engine
+                .get_sender(None)?
+                .send(Request::Normal(Box::new(request)))
+                .await?;
+            rx.recv().await.context("the engine dropped the request")
+        })?;
+        let chunks = match response {
+            Response::Raw { logits_chunks, .. } => logits_chunks,
+            Response::InternalError(e) | Response::ValidationError(e) => {
+                bail!("{model:?} forward failed: {e}")
+            }
+            _ => bail!("the {model:?} engine did not return raw logits"),
+        };
+        let logits = Tensor::cat(&chunks, 0)?;
+        let logits = match logits.rank() {
+            2 => logits,
+            3 => logits.squeeze(0)?,
+            r => bail!("raw logits of rank {r}"),
+        }
+        .to_dtype(DType::F32)?;
+        let rows = logits.dim(0)?;
+        ensure!(
+            rows > 0 && rows <= tokens.len(),
+            "{model:?} returned {rows} rows for {} tokens",
+            tokens.len()
+        );
+        Ok(RawForward {
+            first: tokens.len() - rows,
+            logits,
+        })
+    }
+
+    /// Wait until `model`'s engine has run every forward of the requests answered so far.
+    ///
+    /// mistral.rs answers a generation request and then still runs one more forward for it
+    /// (seen as a stray one-position forward in capture windows). Two one-token passes in a
+    /// row end only after the engine loop has gone round once more, past that forward.
+    fn settle(&self, model: Model, token: u32) -> Result<()> {
+        for _ in 0..2 {
+            self.raw_forward(model, &[token])?;
+        }
+        Ok(())
     }
 
     /// `model`'s greedy tokens after `context`, at most `max_new`, EOS excluded.
@@ -186,6 +297,7 @@ impl MistralEngines {
             .iter()
             .map(|(_, top)| top.first().map(|c| c.0).context("no candidates returned"))
             .collect::<Result<Vec<_>>>()?;
+        self.settle(model, context[0])?;
         // The EOS that ended the response is reported too; it is not response text.
         if tokens.last().is_some_and(|t| self.eos.contains(t)) {
             tokens.pop();
@@ -198,54 +310,11 @@ impl MistralEngines {
         Ok(tokens)
     }
 
-    /// The draft's arg-max next token after each of the last positions of `tokens` (one
-    /// teacher-forced forward): `(first, argmax)` where `argmax[i]` follows
-    /// `tokens[first + i]`. With a prefix-cache hit only the positions after the shared
-    /// prefix are computed, so `first` is where the cached part ends.
+    /// The draft's arg-max next token after each position the forward computed:
+    /// `(first, argmax)` where `argmax[i]` follows `tokens[first + i]`.
     pub fn draft_argmax(&self, tokens: &[u32]) -> Result<(usize, Vec<u32>)> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-        let params = SamplingParams {
-            temperature: Some(0.0),
-            max_len: Some(1),
-            ..SamplingParams::neutral()
-        };
-        let mut request = NormalRequest::new_simple(
-            RequestMessage::CompletionTokens(tokens.to_vec()),
-            params,
-            tx,
-            self.draft.next_request_id(),
-            None,
-            None,
-        );
-        request.return_raw_logits = true;
-        let response = self.runtime.block_on(async {
-            self.draft
-                .get_sender(None)?
-                .send(Request::Normal(Box::new(request)))
-                .await?;
-            rx.recv().await.context("the engine dropped the request")
-        })?;
-        let chunks = match response {
-            Response::Raw { logits_chunks, .. } => logits_chunks,
-            Response::InternalError(e) | Response::ValidationError(e) => {
-                bail!("draft forward failed: {e}")
-            }
-            _ => bail!("the draft engine did not return raw logits"),
-        };
-        let rows = Tensor::cat(&chunks, 0)?;
-        let rows = match rows.rank() {
-            2 => rows,
-            3 => rows.squeeze(0)?,
-            r => bail!("raw logits of rank {r}"),
-        };
-        let argmax: Vec<u32> = rows.to_dtype(DType::F32)?.argmax(D::Minus1)?.to_vec1()?;
-        ensure!(
-            !argmax.is_empty() && argmax.len() <= tokens.len(),
-            "draft returned {} rows for {} tokens",
-            argmax.len(),
-            tokens.len()
-        );
-        Ok((tokens.len() - argmax.len(), argmax))
+        let forward = self.raw_forward(Model::Draft, tokens)?;
+        Ok((forward.first, forward.logits.argmax(D::Minus1)?.to_vec1()?))
     }
 }
 
@@ -280,6 +349,7 @@ impl MiningEngine for MistralEngines {
         } else {
             let wanted = prompt_len + prefix.len() - 1;
             let (first, argmax) = self.draft_argmax(&context[..context.len() - 1])?;
+            self.last_draft_cached = first;
             ensure!(
                 first <= wanted,
                 "the draft's prefix cache covered position {first}, past the swap at {wanted}"
@@ -358,4 +428,44 @@ impl RolloutEngine for MistralEngines {
             _ => bail!("unexpected response to a rollout request"),
         }
     }
+}
+
+/// The recorded states belong to `forward` (see [`MistralEngines::capture`]).
+fn check_capture(
+    forward: &RawForward,
+    states: &CapturedStates,
+    request: &CaptureRequest,
+) -> Result<()> {
+    ensure!(
+        states.layers.len() == request.layers.len(),
+        "{} layer recordings for {} layers",
+        states.layers.len(),
+        request.layers.len()
+    );
+    let positions = forward.logits.dim(0)?;
+    let hidden = states
+        .last_hidden
+        .as_ref()
+        .context("no last hidden state")?;
+    for t in std::iter::once(hidden).chain(states.layers.iter().map(|(_, t)| t)) {
+        ensure!(
+            t.dim(1)? == positions,
+            "a recording over {} positions, the forward had {positions}",
+            t.dim(1)?
+        );
+    }
+    let lm_head = states.lm_head.as_ref().context("no LM head")?;
+    let last = hidden.narrow(1, positions - 1, 1)?.contiguous()?;
+    let recomputed = lm_head
+        .forward(&last)?
+        .flatten_all()?
+        .to_dtype(DType::F32)?;
+    let returned = forward.logits.get(positions - 1)?;
+    let gap: f32 = (recomputed - &returned)?.abs()?.max(0)?.to_scalar()?;
+    let scale: f32 = returned.abs()?.max(0)?.to_scalar()?;
+    ensure!(
+        gap <= 1e-3 * scale.max(1.0),
+        "the LM head on the recorded state misses the returned logits by {gap}"
+    );
+    Ok(())
 }

@@ -46,7 +46,7 @@ pub fn last_row(states: &Tensor) -> Result<Vec<f32>> {
 }
 
 fn last_hidden(engines: &MistralEngines, model: Model, tokens: &[u32]) -> Result<Vec<f32>> {
-    let states = engines.capture(
+    let (_, states) = engines.capture(
         model,
         tokens,
         CaptureRequest {

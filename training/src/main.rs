@@ -83,6 +83,9 @@ struct HeadArgs {
     /// Wanted validation recall of important tokens; τ is the largest threshold reaching it.
     #[arg(long, default_value_t = 0.9)]
     min_recall: f64,
+    /// Share of problems held out for validation (model selection, threshold table).
+    #[arg(long, default_value_t = 0.1)]
+    validation_share: f64,
     /// The head file; reports go beside it (.report.json, .report.md).
     #[arg(long, default_value = "heads/gsm8k_head.safetensors")]
     out: PathBuf,
@@ -275,6 +278,7 @@ fn run_features(
 fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs) -> Result<()> {
     let options = FitOptions {
         min_recall: head.min_recall,
+        validation_share: head.validation_share,
         ..FitOptions::default()
     };
     fit_autojudge_head(

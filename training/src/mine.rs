@@ -111,13 +111,15 @@ where
         totals.add(&mined);
         run_tokens += mined.generated_tokens;
         let important = mined.mismatches.iter().filter(|m| m.important).count();
-        bar.println(format!(
-            "problem {id}: answer {}, {} mismatches ({important} important), {} tokens in {:.0}s",
-            mined.target_answer.as_deref().unwrap_or("none (skipped)"),
-            mined.mismatches.len(),
-            mined.generated_tokens,
-            mined.seconds
-        ));
+        bar.suspend(|| {
+            tracing::info!(
+                "problem {id}: answer {}, {} mismatches ({important} important), {} tokens in {:.0}s",
+                mined.target_answer.as_deref().unwrap_or("none (skipped)"),
+                mined.mismatches.len(),
+                mined.generated_tokens,
+                mined.seconds
+            )
+        });
         bar.set_message(format!(
             "| {} mismatches, {} important | {:.1} target tok/s",
             totals.mismatches,

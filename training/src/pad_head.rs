@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use mistralrs_core::hidden_capture::CaptureRequest;
 use verdict::divergence::{entropy, log_softmax};
@@ -27,32 +27,15 @@ pub const PAD_LAYER: i64 = -8;
 const HIDDEN: &str = "layer_hidden";
 const SMALL: &str = "entropy_and_p";
 
-/// [entropy, p(token)] of the target's next-token distribution after `context`.
+/// [entropy, p(token)] of the raw (T = 1) target distribution after `context`.
 fn entropy_and_probability(
     engines: &MistralEngines,
     context: &[u32],
     token: u32,
 ) -> Result<[f32; 2]> {
-    let states = engines.capture(
-        Model::Target,
-        context,
-        CaptureRequest {
-            last_hidden: true,
-            lm_head: true,
-            ..Default::default()
-        },
-    )?;
-    let hidden = states
-        .last_hidden
-        .context("no last hidden state captured")?;
-    let positions = hidden.dim(1)?;
-    let last = hidden.narrow(1, positions - 1, 1)?;
-    let lm_head = states.lm_head.context("the LM head was not captured")?;
-    let logits: Vec<f32> = lm_head
-        .forward(&last.contiguous()?)?
-        .flatten_all()?
-        .to_dtype(DType::F32)?
-        .to_vec1()?;
+    let forward = engines.raw_forward(Model::Target, context)?;
+    let rows = forward.logits.dim(0)?;
+    let logits: Vec<f32> = forward.logits.get(rows - 1)?.to_vec1()?;
     let log_p = log_softmax(&logits);
     Ok([entropy(&log_p) as f32, log_p[token as usize].exp()])
 }
@@ -85,7 +68,7 @@ pub fn compute_pad_features(
             context.extend_from_slice(&c.prefix);
             small.extend(entropy_and_probability(engines, &context, c.draft_token)?);
             context.push(c.draft_token);
-            let states = engines.capture(
+            let (_, states) = engines.capture(
                 Model::Target,
                 &context,
                 CaptureRequest {

@@ -32,7 +32,7 @@ fn engines(dir: &Path) -> MistralEngines {
 }
 
 fn last_hidden(engines: &MistralEngines, model: Model, tokens: &[u32]) -> Vec<f32> {
-    let states = engines
+    let (_, states) = engines
         .capture(
             model,
             tokens,
@@ -51,7 +51,7 @@ fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
     let mut engines = engines(dir.path());
     let prompt = words(&[3, 1, 4, 1, 5]);
     let full = engines.continue_response(&prompt, &[], CAP).unwrap();
-    assert!(full.response.len() > 4, "{:?}", full.response);
+    assert!(full.response.len() > 6, "{:?}", full.response);
     assert_eq!(full.predictions.len(), full.response.len());
 
     // Continuing from any prefix of the response (the cache holds the longer sequence)
@@ -62,6 +62,17 @@ fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
             .unwrap();
         assert_eq!(again.response, full.response, "prefix of {k}");
         assert_eq!(again.predictions, full.predictions[k..], "prefix of {k}");
+    }
+
+    // After a swap at k, the draft's teacher-forced pass takes prompt ⊕ response[..k] from
+    // its prefix cache (our patch caches these passes) and recomputes only from the swap.
+    let prompt_len = engines.prompt_tokens(&prompt).unwrap().len();
+    for k in [2, 5] {
+        let mut prefix = full.response[..k].to_vec();
+        let other = (0u32..).find(|t| *t != full.response[k]).unwrap();
+        prefix.push(other);
+        engines.continue_response(&prompt, &prefix, CAP).unwrap();
+        assert_eq!(engines.last_draft_cached(), prompt_len + k, "swap at {k}");
     }
 
     // A prediction is the draft's own greedy next token after the response so far.
@@ -98,7 +109,7 @@ fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
     drop(engines);
     let fresh_dir = tempfile::tempdir().unwrap();
     let fresh = self::engines(fresh_dir.path());
-    for ((m, tokens), warm) in probes.iter().zip(&warm) {
+    for (probe, ((m, tokens), warm)) in probes.iter().zip(&warm).enumerate() {
         let cold = last_hidden(&fresh, *m, tokens);
         assert_eq!(cold.len(), warm.len());
         let worst = cold
@@ -108,7 +119,7 @@ fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
             .fold(0f32, f32::max);
         assert!(
             worst < 1e-4,
-            "{m:?} {tokens:?}: hidden states differ by {worst}"
+            "probe {probe}, {m:?} {tokens:?}: hidden states differ by {worst}"
         );
     }
 }
