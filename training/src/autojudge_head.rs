@@ -157,7 +157,7 @@ fn markdown(report: &HeadReport) -> String {
          - labels: `{}`: {} mismatches, {} important ({:.1}%)\n\
          - split by problem: {} train mismatches ({} problems), {} validation ({} problems)\n\
          - C chosen by validation ROC-AUC: C = {:.0e}, validation AUC **{:.3}** (train {:.3})\n\
-         - τ = {:.3}: the largest threshold with validation recall of important tokens ≥ {:.0}%\n\n\
+         - τ = {}: the largest threshold with validation recall of important tokens ≥ {:.0}%\n\n\
          | C | validation AUC |\n|---|---|\n",
         report.features,
         report.labels,
@@ -171,7 +171,7 @@ fn markdown(report: &HeadReport) -> String {
         fit.best_c,
         fit.validation_auc,
         fit.train_auc,
-        fit.chosen_tau,
+        format_tau(fit.chosen_tau),
         100.0 * fit.min_recall,
     );
     for (c, auc) in &fit.grid {
@@ -181,12 +181,21 @@ fn markdown(report: &HeadReport) -> String {
            | τ | recall of important | precision | mismatches accepted |\n|---|---|---|---|\n";
     for row in &fit.thresholds {
         md += &format!(
-            "| {:.3} | {:.1}% | {:.1}% | {:.1}% |\n",
-            row.tau,
+            "| {} | {:.1}% | {:.1}% | {:.1}% |\n",
+            format_tau(row.tau),
             100.0 * row.recall,
             100.0 * row.precision,
             100.0 * row.accepted_share
         );
     }
     md
+}
+
+/// Thresholds span decades (a head can be confident), so small ones keep their digits.
+fn format_tau(tau: f64) -> String {
+    if tau > 0.0 && tau < 0.01 {
+        format!("{tau:.2e}")
+    } else {
+        format!("{tau:.3}")
+    }
 }

@@ -99,16 +99,24 @@ pub fn problem_features(
     })
 }
 
+/// Write `tensors` to `path` through a temporary file, so a killed run leaves either the
+/// whole file or none (resuming skips problems whose file exists).
+pub fn save_atomically(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    let tmp = path.with_extension("safetensors.tmp");
+    candle_core::safetensors::save(tensors, &tmp)?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move features into {}", path.display()))
+}
+
 impl ProblemFeatures {
     pub fn save(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("safetensors.tmp");
-        let tensors = HashMap::from([
-            (TARGET_LAST.to_string(), self.target_last.clone()),
-            (DRAFT_LAST.to_string(), self.draft_last.clone()),
-        ]);
-        candle_core::safetensors::save(&tensors, &tmp)?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot move features into {}", path.display()))
+        save_atomically(
+            &HashMap::from([
+                (TARGET_LAST.to_string(), self.target_last.clone()),
+                (DRAFT_LAST.to_string(), self.draft_last.clone()),
+            ]),
+            path,
+        )
     }
 
     pub fn load(path: &Path, mismatches: usize) -> Result<Self> {

@@ -16,7 +16,7 @@ use verdict::divergence::{entropy, log_softmax};
 use crate::{
     autojudge_head::FeatureModels,
     engine::{MistralEngines, Model},
-    features::{feature_path, last_row},
+    features::{feature_path, last_row, save_atomically},
     pad_fit::{fit_pivot_mlp, PadFitOptions, PivotSample},
     pad_mine::{read_pivot_labels, PivotLabel},
 };
@@ -92,10 +92,7 @@ pub fn compute_pad_features(
                 Tensor::from_vec(small, (n, 2), &Device::Cpu)?,
             ),
         ]);
-        let path = feature_path(dir, problem_id);
-        let tmp = path.with_extension("safetensors.tmp");
-        candle_core::safetensors::save(&tensors, &tmp)?;
-        std::fs::rename(&tmp, &path)?;
+        save_atomically(&tensors, &feature_path(dir, problem_id))?;
     }
     bar.finish();
     Ok(())
