@@ -111,16 +111,23 @@ struct AllArgs {
     head: HeadArgs,
 }
 
+/// Where PAD's labels and features live.
+#[derive(Args, Clone)]
+struct PadFileArgs {
+    #[arg(long, default_value = "heads/gsm8k_pad_labels.jsonl")]
+    pad_labels: PathBuf,
+    #[arg(long, default_value = ".verdict-work/gsm8k/pad-features")]
+    pad_features: PathBuf,
+}
+
 #[derive(Args)]
 struct FeaturesArgs {
     /// `autojudge` (last hidden states of both models) or `pad` (target layer L − 8 and
     /// [entropy, p] for the PAD labels).
     #[arg(long, default_value = "autojudge", value_parser = ["autojudge", "pad"])]
     kind: String,
-    #[arg(long, default_value = "heads/gsm8k_pad_labels.jsonl")]
-    pad_labels: PathBuf,
-    #[arg(long, default_value = ".verdict-work/gsm8k/pad-features")]
-    pad_features: PathBuf,
+    #[command(flatten)]
+    pad: PadFileArgs,
     #[command(flatten)]
     task: TaskArgs,
     #[command(flatten)]
@@ -134,10 +141,8 @@ struct FitArgs {
     /// `autojudge` (logistic head) or `pad` (pivot MLP).
     #[arg(long, default_value = "autojudge", value_parser = ["autojudge", "pad"])]
     kind: String,
-    #[arg(long, default_value = "heads/gsm8k_pad_labels.jsonl")]
-    pad_labels: PathBuf,
-    #[arg(long, default_value = ".verdict-work/gsm8k/pad-features")]
-    pad_features: PathBuf,
+    #[command(flatten)]
+    pad: PadFileArgs,
     /// PAD: accept a candidate iff P(pivot) ≤ sigma (stored in the head as its default).
     #[arg(long, default_value_t = 0.5)]
     sigma: f32,
@@ -306,13 +311,13 @@ fn main() -> Result<()> {
         Some(Command::Features(args)) if args.kind == "pad" => {
             let mut engines = args.task.engines()?;
             let problems = args.task.problems()?;
-            std::fs::create_dir_all(&args.pad_features)?;
-            engines.models().save(&args.pad_features)?;
+            std::fs::create_dir_all(&args.pad.pad_features)?;
+            engines.models().save(&args.pad.pad_features)?;
             compute_pad_features(
                 &mut engines,
                 prompt_lookup(&problems, &args.task.split),
-                &args.pad_labels,
-                &args.pad_features,
+                &args.pad.pad_labels,
+                &args.pad.pad_features,
             )
         }
         Some(Command::Features(args)) => run_features(
@@ -322,9 +327,9 @@ fn main() -> Result<()> {
             &mut args.task.engines()?,
         ),
         Some(Command::Fit(args)) if args.kind == "pad" => fit_pad_head(
-            &args.pad_labels,
-            &args.pad_features,
-            &FeatureModels::load(&args.pad_features)?,
+            &args.pad.pad_labels,
+            &args.pad.pad_features,
+            &FeatureModels::load(&args.pad.pad_features)?,
             args.sigma,
             &PadFitOptions::default(),
             &args.pad_out,
