@@ -332,8 +332,10 @@ fn forward_cost_command(
             c.kernel, c.tokens, c.milliseconds, c.ratio_to_one, c.samples
         );
     }
-    println!("\n| kernel | decode tok/s | prompt tok/s ({} tokens) |\n|---|---|---|",
-        report.throughput.first().map_or(0, |t| t.prompt_tokens));
+    println!(
+        "\n| kernel | decode tok/s | prompt tok/s ({} tokens) |\n|---|---|---|",
+        report.throughput.first().map_or(0, |t| t.prompt_tokens)
+    );
     for t in &report.throughput {
         println!(
             "| {} | {:.2} | {:.1} |",
@@ -350,7 +352,10 @@ fn forward_cost_command(
                 matmul_cost::measure(&path, &tokens, kernels, matmul_repeats)?
             }
             models::ModelSource::Safetensors(path) => {
-                eprintln!("{} is not a GGUF model: no quantized matmuls to time", path.display());
+                eprintln!(
+                    "{} is not a GGUF model: no quantized matmuls to time",
+                    path.display()
+                );
                 Vec::new()
             }
         }

@@ -52,11 +52,11 @@ fn values(rng: &mut XorShift, rows: usize, cols: usize) -> Vec<f32> {
 /// super-scales, which random bytes could turn into NaN), per the ggml block layouts.
 fn scramblable(dtype: GgmlDType) -> std::ops::Range<usize> {
     match dtype {
-        GgmlDType::Q4K => 4..144,   // d, dmin | scales[12], qs[128]
-        GgmlDType::Q6K => 0..208,   // ql[128], qh[64], scales[16] | d
-        GgmlDType::Q8_0 => 2..34,   // d | qs[32]
-        GgmlDType::Q5_0 => 2..22,   // d | qh[4], qs[16]
-        GgmlDType::Q4_1 => 4..20,   // d, m | qs[16]
+        GgmlDType::Q4K => 4..144, // d, dmin | scales[12], qs[128]
+        GgmlDType::Q6K => 0..208, // ql[128], qh[64], scales[16] | d
+        GgmlDType::Q8_0 => 2..34, // d | qs[32]
+        GgmlDType::Q5_0 => 2..22, // d | qh[4], qs[16]
+        GgmlDType::Q4_1 => 4..20, // d, m | qs[16]
         other => panic!("no layout for {other:?}"),
     }
 }
@@ -166,11 +166,27 @@ fn batched_rows_equal_single_rows() {
     let (n, k) = (67, 512);
     let w = weights(&mut rng, GgmlDType::Q4K, n, k);
     let x = Tensor::from_vec(values(&mut rng, 14, k), (2, 7, k), &dev).unwrap();
-    let batched = w.forward(&x).unwrap().flatten_to(1).unwrap().to_vec2::<f32>().unwrap();
+    let batched = w
+        .forward(&x)
+        .unwrap()
+        .flatten_to(1)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
     let rows = x.flatten_to(1).unwrap();
     for (i, row) in batched.iter().enumerate() {
-        let single = w.forward(&rows.narrow(0, i, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap();
-        let same = row.iter().zip(&single[0]).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "row {i} of a batched forward differs from its single-row forward");
+        let single = w
+            .forward(&rows.narrow(0, i, 1).unwrap())
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let same = row
+            .iter()
+            .zip(&single[0])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "row {i} of a batched forward differs from its single-row forward"
+        );
     }
 }

@@ -59,13 +59,17 @@ pub struct MistralEngines {
     last_draft_cached: usize,
     /// Chat-templated prompt tokens, by prompt text.
     prompts: HashMap<String, Vec<u32>>,
+    /// Sequences the target engine runs at once: 1 for mining (one continuation at a
+    /// time), 2N for PAD so all rollouts of a candidate share each forward.
+    target_max_seqs: usize,
 }
 
 async fn engines_over(
     pipelines: &(SharedPipeline, SharedPipeline),
+    target_max_seqs: usize,
 ) -> (Arc<MistralRs>, Arc<MistralRs>) {
     (
-        build_mistralrs_with(pipelines.0.clone(), 1, true).await,
+        build_mistralrs_with(pipelines.0.clone(), target_max_seqs, true).await,
         build_mistralrs_with(pipelines.1.clone(), 1, true).await,
     )
 }
@@ -88,7 +92,7 @@ impl MistralEngines {
             .enable_all()
             .build()?;
         let pipelines = (models.target.clone(), draft.clone());
-        let (target, draft) = runtime.block_on(engines_over(&pipelines));
+        let (target, draft) = runtime.block_on(engines_over(&pipelines, 1));
         Ok(Self {
             runtime,
             pipelines,
@@ -105,8 +109,17 @@ impl MistralEngines {
             },
             last_draft_cached: 0,
             prompts: HashMap::new(),
+            target_max_seqs: 1,
         }
         .settled())
+    }
+
+    /// Rebuild the target engine so it schedules up to `max_seqs` sequences per forward:
+    /// rollouts of equal length are then decoded as one multi-row batch, which costs far
+    /// less than one forward each with the weight-stationary kernel.
+    pub fn set_target_batch(&mut self, max_seqs: usize) {
+        self.target_max_seqs = max_seqs.max(1);
+        self.clear_prefix_caches();
     }
 
     fn settled(self) -> Self {
@@ -140,7 +153,9 @@ impl MistralEngines {
     /// Start both engines afresh, dropping their prefix caches: on the CPU mistral.rs never
     /// evicts cached sequences, so memory would grow with every request otherwise.
     pub fn clear_prefix_caches(&mut self) {
-        let (target, draft) = self.runtime.block_on(engines_over(&self.pipelines));
+        let (target, draft) = self
+            .runtime
+            .block_on(engines_over(&self.pipelines, self.target_max_seqs));
         self.target = target;
         self.draft = draft;
         self.settle_both();
@@ -385,48 +400,65 @@ impl RolloutEngine for MistralEngines {
     fn rollouts(
         &mut self,
         prompt: &str,
-        prefix: &[u32],
+        prefixes: &[Vec<u32>],
         n: usize,
         temperature: f64,
         max_response_tokens: usize,
-    ) -> Result<Vec<String>> {
-        let mut context = self.prompt_tokens(prompt)?;
-        context.extend_from_slice(prefix);
-        let head = self.decode(prefix)?;
-        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-        let params = SamplingParams {
-            temperature: Some(temperature),
-            max_len: Some(max_response_tokens.saturating_sub(prefix.len()).max(1)),
-            n_choices: n,
-            ..SamplingParams::neutral()
-        };
-        let request = NormalRequest::new_simple(
-            RequestMessage::CompletionTokens(context),
-            params,
-            tx,
-            self.target.next_request_id(),
-            None,
-            None,
-        );
-        let response = self.runtime.block_on(async {
-            self.target
-                .get_sender(None)?
-                .send(Request::Normal(Box::new(request)))
-                .await?;
-            rx.recv().await.context("the engine dropped the request")
-        })?;
-        match response {
-            Response::CompletionDone(done) => Ok(done
-                .choices
-                .into_iter()
-                .map(|c| format!("{head}{}", c.text))
-                .collect()),
-            Response::InternalError(e) | Response::ValidationError(e) => {
-                bail!("rollouts failed: {e}")
-            }
-            Response::CompletionModelError(e, _) => bail!("model error: {e}"),
-            _ => bail!("unexpected response to a rollout request"),
+    ) -> Result<Vec<Vec<String>>> {
+        let prompt_tokens = self.prompt_tokens(prompt)?;
+        let mut receivers = Vec::with_capacity(prefixes.len());
+        let mut requests = Vec::with_capacity(prefixes.len());
+        for prefix in prefixes {
+            let mut context = prompt_tokens.clone();
+            context.extend_from_slice(prefix);
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let params = SamplingParams {
+                temperature: Some(temperature),
+                max_len: Some(max_response_tokens.saturating_sub(prefix.len()).max(1)),
+                n_choices: n,
+                ..SamplingParams::neutral()
+            };
+            requests.push(NormalRequest::new_simple(
+                RequestMessage::CompletionTokens(context),
+                params,
+                tx,
+                self.target.next_request_id(),
+                None,
+                None,
+            ));
+            receivers.push(rx);
         }
+        // All requests are queued before any is awaited, so the scheduler batches them.
+        let responses = self.runtime.block_on(async {
+            let sender = self.target.get_sender(None)?;
+            for request in requests {
+                sender.send(Request::Normal(Box::new(request))).await?;
+            }
+            let mut responses = Vec::with_capacity(receivers.len());
+            for rx in &mut receivers {
+                responses.push(rx.recv().await.context("the engine dropped the request")?);
+            }
+            anyhow::Ok(responses)
+        })?;
+        prefixes
+            .iter()
+            .zip(responses)
+            .map(|(prefix, response)| {
+                let head = self.decode(prefix)?;
+                match response {
+                    Response::CompletionDone(done) => Ok(done
+                        .choices
+                        .into_iter()
+                        .map(|c| format!("{head}{}", c.text))
+                        .collect()),
+                    Response::InternalError(e) | Response::ValidationError(e) => {
+                        bail!("rollouts failed: {e}")
+                    }
+                    Response::CompletionModelError(e, _) => bail!("model error: {e}"),
+                    _ => bail!("unexpected response to a rollout request"),
+                }
+            })
+            .collect()
     }
 }
 

@@ -220,6 +220,8 @@ fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
             ..PadPlan::default()
         };
         let problems = args.task.problems()?;
+        // Both sides' rollouts of a candidate have equal lengths: one batch of 2N.
+        engines.set_target_batch(2 * plan.rollouts);
         return mine_pivots(
             engines,
             &gsm8k::Gsm8k,

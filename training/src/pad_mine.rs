@@ -30,16 +30,17 @@ pub trait RolloutEngine {
     fn start_candidate(&mut self) -> Result<()> {
         Ok(())
     }
-    /// `n` sampled target responses to `prompt` that start with `prefix`, decoded whole
-    /// (prefix included), each at most `max_response_tokens` tokens in total.
+    /// For each prefix, `n` sampled target responses to `prompt` that start with it,
+    /// decoded whole (prefix included), each at most `max_response_tokens` tokens in total.
+    /// All prefixes are asked at once so an engine can batch their rollouts.
     fn rollouts(
         &mut self,
         prompt: &str,
-        prefix: &[u32],
+        prefixes: &[Vec<u32>],
         n: usize,
         temperature: f64,
         max_response_tokens: usize,
-    ) -> Result<Vec<String>>;
+    ) -> Result<Vec<Vec<String>>>;
 }
 
 #[derive(Clone, Debug)]
@@ -165,22 +166,23 @@ where
         engine.start_candidate()?;
         let problem = &problems[problem_id];
         let prompt = task.prompt(problem);
-        let successes = |engine: &mut E, prefix: &[u32]| -> Result<usize> {
-            let texts = engine.rollouts(
-                &prompt,
-                prefix,
-                plan.rollouts,
-                plan.temperature,
-                plan.max_response_tokens,
-            )?;
-            Ok(texts.iter().filter(|t| task.is_correct(problem, t)).count())
-        };
         let mut base = m.prefix.clone();
         base.push(m.target_token);
         let mut candidate = m.prefix.clone();
         candidate.push(m.draft_token);
-        let base_successes = successes(engine, &base)?;
-        let candidate_successes = successes(engine, &candidate)?;
+        let sides = engine.rollouts(
+            &prompt,
+            &[base, candidate],
+            plan.rollouts,
+            plan.temperature,
+            plan.max_response_tokens,
+        )?;
+        let successes =
+            |texts: &[String]| texts.iter().filter(|t| task.is_correct(problem, t)).count();
+        let (base_successes, candidate_successes) = match sides.as_slice() {
+            [base, candidate] => (successes(base), successes(candidate)),
+            _ => anyhow::bail!("{} rollout sides for 2 prefixes", sides.len()),
+        };
         let label = PivotLabel {
             problem_id,
             position: m.position,

@@ -17,15 +17,20 @@ impl RolloutEngine for Scripted {
     fn rollouts(
         &mut self,
         _prompt: &str,
-        prefix: &[u32],
+        prefixes: &[Vec<u32>],
         n: usize,
         _temperature: f64,
         _max: usize,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<Vec<String>>> {
         self.calls += 1;
-        let rate = *prefix.last().unwrap() as usize;
-        Ok((0..n)
-            .map(|i| if i * 10 < rate * n { "right" } else { "wrong" }.to_string())
+        Ok(prefixes
+            .iter()
+            .map(|prefix| {
+                let rate = *prefix.last().unwrap() as usize;
+                (0..n)
+                    .map(|i| if i * 10 < rate * n { "right" } else { "wrong" }.to_string())
+                    .collect()
+            })
             .collect())
     }
 }
@@ -93,7 +98,7 @@ fn pivots_follow_the_success_rates_and_a_rerun_resumes() {
         got,
         vec![(2, 10, 10, false), (5, 10, 5, true), (7, 5, 4, false)]
     );
-    assert_eq!(engine.calls, 6);
+    assert_eq!(engine.calls, 3, "one batched call per candidate");
 
     // Everything is labelled: a rerun asks the engine nothing.
     let mut again = Scripted { calls: 0 };
