@@ -80,13 +80,14 @@ fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
     // matched again and every later pass fell back to the hit it started from).
     let mut branch = engines.prompt_tokens(&prompt).unwrap();
     branch.extend_from_slice(&full.response[..2]);
-    let fresh_token = (0u32..)
-        .filter(|t| *t != full.response[2])
-        .nth(1)
-        .unwrap();
+    let fresh_token = (0u32..).filter(|t| *t != full.response[2]).nth(1).unwrap();
     branch.extend_from_slice(&[fresh_token, full.response[0], full.response[1]]);
     let (first, _) = engines.draft_argmax(&branch).unwrap();
-    assert_eq!(first, prompt_len + 2, "branch off the response after 2 tokens");
+    assert_eq!(
+        first,
+        prompt_len + 2,
+        "branch off the response after 2 tokens"
+    );
     branch.push(full.response[0]);
     let (first, _) = engines.draft_argmax(&branch).unwrap();
     assert_eq!(first, prompt_len + 5, "the branch extended by one token");
