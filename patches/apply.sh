@@ -17,7 +17,9 @@ mkdir -p "$out"
 registry_cache() { echo "${CARGO_HOME:-$HOME/.cargo}/registry/cache"; }
 
 find_archive() { # crate version -> path of the .crate in cargo's cache, or nothing
-  find "$(registry_cache)" -name "$1-$2.crate" 2>/dev/null | head -n 1
+  # `|| true`: on a fresh machine the cache folder does not exist yet, and under pipefail a
+  # failing find would abort the script before cargo is asked to fetch the archive.
+  find "$(registry_cache)" -name "$1-$2.crate" 2>/dev/null | head -n 1 || true
 }
 
 fetch_archive() { # crate version: let cargo download the pristine archive
