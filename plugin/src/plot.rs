@@ -1,5 +1,6 @@
 //! `verdict plot`: accuracy against τ from a bench report, as an SVG image (the trade-off
-//! curve of a lossy judge: each mode is a point, plain decoding a horizontal line).
+//! curve of a lossy judge: each mode is a point, a sweep of one judge a line through its
+//! points, plain decoding a horizontal line).
 
 use std::path::Path;
 
@@ -48,8 +49,14 @@ pub fn accuracy_vs_tau(report: &Path, out: &Path, title: &str) -> Result<()> {
     let (acc_lo, acc_hi) =
         accuracies.fold((f64::MAX, f64::MIN), |(lo, hi), a| (lo.min(a), hi.max(a)));
     let pad = ((hi - lo) * 0.15).max(0.1);
+    // Labels sit right of their points: leave room for the rightmost one.
+    let right_pad = ((hi - lo) * 0.3).max(0.3);
     let acc_pad = ((acc_hi - acc_lo) * 0.25).max(0.05);
 
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     let root = SVGBackend::new(out, (760, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -61,7 +68,7 @@ pub fn accuracy_vs_tau(report: &Path, out: &Path, title: &str) -> Result<()> {
         .x_label_area_size(44)
         .y_label_area_size(56)
         .build_cartesian_2d(
-            (lo - pad)..(hi + pad),
+            (lo - pad)..(hi + right_pad),
             ((acc_lo - acc_pad).max(0.0) * 100.0)..((acc_hi + acc_pad).min(1.0) * 100.0),
         )?;
     chart
@@ -73,11 +80,14 @@ pub fn accuracy_vs_tau(report: &Path, out: &Path, title: &str) -> Result<()> {
         let y = plain.accuracy * 100.0;
         chart
             .draw_series(LineSeries::new(
-                [(lo - pad, y), (hi + pad, y)],
+                [(lo - pad, y), (hi + right_pad, y)],
                 BLACK.mix(0.5).stroke_width(1),
             ))?
             .label("plain target decoding")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    }
+    for family in sweeps(&points) {
+        chart.draw_series(LineSeries::new(family, BLUE.mix(0.4).stroke_width(1)))?;
     }
     for (row, tau) in &points {
         let (x, y) = (*tau, row.accuracy * 100.0);
@@ -96,4 +106,64 @@ pub fn accuracy_vs_tau(report: &Path, out: &Path, title: &str) -> Result<()> {
     root.present()
         .with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
+}
+
+/// A sweep of one judge over a parameter (`aj-0.28`, `aj-0.32`, …: a name ending in
+/// `-<number>`) as (τ, accuracy %) points in τ order, so the plot draws it as a curve.
+fn sweeps(points: &[(&Row, f64)]) -> Vec<Vec<(f64, f64)>> {
+    let mut families: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = Default::default();
+    for (row, tau) in points {
+        if let Some((family, value)) = row.mode.rsplit_once('-') {
+            if value.parse::<f64>().is_ok() {
+                families
+                    .entry(family)
+                    .or_default()
+                    .push((*tau, row.accuracy * 100.0));
+            }
+        }
+    }
+    families
+        .into_values()
+        .filter(|curve| curve.len() > 1)
+        .map(|mut curve| {
+            curve.sort_by(|a, b| a.0.total_cmp(&b.0));
+            curve
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &str, accuracy: f64) -> Row {
+        Row {
+            mode: mode.to_string(),
+            accuracy,
+            mean_acceptance_length: None,
+            speed_vs_plain: None,
+        }
+    }
+
+    #[test]
+    fn sweeps_join_the_modes_of_one_judge_in_tau_order() {
+        let rows = [
+            row("exact", 0.2),
+            row("aj-0.40", 0.125),
+            row("fsd-js-0.1", 0.375),
+            row("aj-0.28", 0.25),
+            row("fsd-js-0.2", 0.5),
+            row("dropmatch", 0.5),
+            row("pad-0.5", 0.5),
+        ];
+        let taus = [6.0, 8.0, 5.0, 6.3, 5.5, 6.1, 6.2];
+        let points: Vec<(&Row, f64)> = rows.iter().zip(taus).collect();
+        assert_eq!(
+            sweeps(&points),
+            vec![
+                vec![(6.3, 25.0), (8.0, 12.5)],
+                vec![(5.0, 37.5), (5.5, 50.0)],
+            ]
+        );
+    }
 }
