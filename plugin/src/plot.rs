@@ -54,8 +54,7 @@ pub fn accuracy_vs_tau(report: &Path, out: &Path, title: &str) -> Result<()> {
     let acc_pad = ((acc_hi - acc_lo) * 0.25).max(0.05);
 
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let root = SVGBackend::new(out, (760, 480)).into_drawing_area();
     root.fill(&WHITE)?;

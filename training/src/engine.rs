@@ -406,6 +406,12 @@ impl RolloutEngine for MistralEngines {
         max_response_tokens: usize,
     ) -> Result<Vec<Vec<String>>> {
         let prompt_tokens = self.prompt_tokens(prompt)?;
+        // One greedy token over the context every rollout shares puts it in the target's
+        // prefix cache, so the 2N rollouts prefill only their own last tokens instead of
+        // each prefilling prompt and prefix again.
+        let mut shared = prompt_tokens.clone();
+        shared.extend_from_slice(common_prefix(prefixes));
+        self.greedy(Model::Target, &shared, 1)?;
         let mut receivers = Vec::with_capacity(prefixes.len());
         let mut requests = Vec::with_capacity(prefixes.len());
         for prefix in prefixes {
@@ -462,6 +468,21 @@ impl RolloutEngine for MistralEngines {
     }
 }
 
+/// The longest start all `prefixes` share.
+fn common_prefix(prefixes: &[Vec<u32>]) -> &[u32] {
+    let Some((first, rest)) = prefixes.split_first() else {
+        return &[];
+    };
+    let len = rest.iter().fold(first.len(), |len, other| {
+        first[..len]
+            .iter()
+            .zip(other)
+            .take_while(|(a, b)| a == b)
+            .count()
+    });
+    &first[..len]
+}
+
 /// The recorded states belong to `forward` (see [`MistralEngines::capture`]).
 fn check_capture(
     forward: &RawForward,
@@ -500,4 +521,21 @@ fn check_capture(
         "the LM head on the recorded state misses the returned logits by {gap}"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_of_rollout_contexts() {
+        assert_eq!(
+            common_prefix(&[vec![1, 2, 3, 9], vec![1, 2, 3, 4]]),
+            &[1, 2, 3]
+        );
+        assert_eq!(common_prefix(&[vec![1, 2], vec![1, 2, 3]]), &[1, 2]);
+        assert_eq!(common_prefix(&[vec![5], vec![6]]), &[] as &[u32]);
+        assert_eq!(common_prefix(&[vec![7, 8]]), &[7, 8]);
+        assert_eq!(common_prefix(&[]), &[] as &[u32]);
+    }
 }

@@ -1,7 +1,7 @@
 //! `train-head mine --method pad`: PAD's pivot labels from Monte-Carlo rollouts.
 //!
 //! Candidates are the mismatches AutoJudge's mining found (greedy speculative decoding
-//! rejects exactly these). For each, N target rollouts at T = 0.7 continue the prefix
+//! rejects exactly these) on problems whose greedy target answer is right. For each, N target rollouts at T = 0.7 continue the prefix
 //! with the target's own token (base) and with the draft token (candidate); a rollout
 //! succeeds when its answer is the reference. PIVOT iff the candidate's success rate falls
 //! below α × the base rate (the paper's α = 0.8). The paper's LLM-judge sanity check
@@ -105,7 +105,8 @@ pub fn is_pivot(base_successes: usize, candidate_successes: usize, alpha: f64) -
     (candidate_successes as f64) < alpha * base_successes as f64
 }
 
-/// Label a seeded sample of the mined mismatches, appending one line per candidate.
+/// Label a seeded sample of the mismatches mined on problems the target solves, appending
+/// one line per candidate.
 pub fn mine_pivots<E, T>(
     engine: &mut E,
     task: &T,
@@ -118,9 +119,16 @@ where
     E: RolloutEngine,
     T: TaskAdapter,
 {
+    // Only problems the target answers right greedily: elsewhere the base rollouts rarely
+    // succeed, so no candidate can fall below α × the base rate and the rollouts are wasted.
     let mut candidates: Vec<(usize, crate::labels::Mismatch)> =
         LabelStore::read_all(autojudge_labels)?
             .into_iter()
+            .filter(|p| {
+                p.target_answer
+                    .as_deref()
+                    .is_some_and(|answer| task.is_correct(&problems[p.problem_id], answer))
+            })
             .flat_map(|p| p.mismatches.into_iter().map(move |m| (p.problem_id, m)))
             .collect();
     candidates.shuffle(&mut StdRng::seed_from_u64(plan.seed));

@@ -82,13 +82,24 @@ fn pivots_follow_the_success_rates_and_a_rerun_resumes() {
             seconds: 0.0,
         })
         .unwrap();
+    // A problem the target gets wrong offers no base to undercut: never rolled out.
+    store
+        .append(&ProblemLabels {
+            problem_id: 1,
+            target_answer: Some("wrong".into()),
+            mismatches: vec![mismatch(3, 10, 5)],
+            final_response: vec![],
+            generated_tokens: 0,
+            seconds: 0.0,
+        })
+        .unwrap();
     let out = dir.path().join("pad.jsonl");
     let plan = PadPlan {
         rollouts: 10,
         ..PadPlan::default()
     };
     let mut engine = Scripted { calls: 0 };
-    mine_pivots(&mut engine, &RightOrWrong, &[()], &labels, &plan, &out).unwrap();
+    mine_pivots(&mut engine, &RightOrWrong, &[(), ()], &labels, &plan, &out).unwrap();
     let got: Vec<(usize, usize, usize, bool)> = read_pivot_labels(&out)
         .unwrap()
         .iter()
@@ -102,7 +113,7 @@ fn pivots_follow_the_success_rates_and_a_rerun_resumes() {
 
     // Everything is labelled: a rerun asks the engine nothing.
     let mut again = Scripted { calls: 0 };
-    mine_pivots(&mut again, &RightOrWrong, &[()], &labels, &plan, &out).unwrap();
+    mine_pivots(&mut again, &RightOrWrong, &[(), ()], &labels, &plan, &out).unwrap();
     assert_eq!(again.calls, 0);
     assert_eq!(read_pivot_labels(&out).unwrap().len(), 3);
 }
