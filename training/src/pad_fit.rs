@@ -49,6 +49,40 @@ pub struct PadFitReport {
     pub best_epoch: usize,
     pub best_validation_loss: f64,
     pub validation_auc: f64,
+    /// What each σ would do on the validation candidates, to choose σ for a bench.
+    pub sigma_table: Vec<SigmaRow>,
+}
+
+/// PAD keeps a refused draft when P(pivot) ≤ σ: the share of candidates it would keep and
+/// how many true pivots would slip through.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SigmaRow {
+    pub sigma: f64,
+    pub accepted_share: f64,
+    pub pivots_accepted: usize,
+    pub pivots: usize,
+}
+
+/// [`SigmaRow`]s for σ = 0.1, 0.2, …, 0.9 over scored candidates.
+pub fn sigma_table(scores: &[f64], pivots: &[bool]) -> Vec<SigmaRow> {
+    let total_pivots = pivots.iter().filter(|&&p| p).count();
+    (1..=9)
+        .map(|tenths| {
+            let sigma = tenths as f64 / 10.0;
+            let accepted: Vec<bool> = scores
+                .iter()
+                .zip(pivots)
+                .filter(|(&score, _)| score <= sigma)
+                .map(|(_, &pivot)| pivot)
+                .collect();
+            SigmaRow {
+                sigma,
+                accepted_share: accepted.len() as f64 / scores.len().max(1) as f64,
+                pivots_accepted: accepted.iter().filter(|&&p| p).count(),
+                pivots: total_pivots,
+            }
+        })
+        .collect()
 }
 
 struct Batch {
@@ -185,6 +219,7 @@ pub fn fit_pivot_mlp(
         best_epoch,
         best_validation_loss,
         validation_auc: roc_auc(&scores, &val_batch.pivots),
+        sigma_table: sigma_table(&scores, &val_batch.pivots),
     };
     let head = load(serde_json::to_value(&report)?)?;
     Ok((head, report))
@@ -193,6 +228,32 @@ pub fn fit_pivot_mlp(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sigma_table_counts_by_hand() {
+        let scores = [0.05, 0.25, 0.45, 0.85];
+        let pivots = [false, true, false, true];
+        let table = sigma_table(&scores, &pivots);
+        let row = |sigma: f64| {
+            table
+                .iter()
+                .find(|r| (r.sigma - sigma).abs() < 1e-9)
+                .unwrap()
+        };
+        // σ = 0.3 keeps 0.05 and 0.25: half the candidates, one of the two pivots.
+        assert_eq!(
+            *row(0.3),
+            SigmaRow {
+                sigma: 0.3,
+                accepted_share: 0.5,
+                pivots_accepted: 1,
+                pivots: 2
+            }
+        );
+        assert_eq!(row(0.1).accepted_share, 0.25);
+        assert_eq!(row(0.9).accepted_share, 1.0);
+        assert_eq!(row(0.9).pivots_accepted, 2);
+    }
 
     #[test]
     fn weighted_cross_entropy_matches_a_hand_computation() {

@@ -151,5 +151,14 @@ pub fn fit_pad_head(
         100.0 * report.pivot_share,
         report.validation_auc
     );
+    for row in &report.sigma_table {
+        tracing::info!(
+            "σ = {:.1}: keeps {:.0}% of validation candidates, {} of {} pivots",
+            row.sigma,
+            100.0 * row.accepted_share,
+            row.pivots_accepted,
+            row.pivots
+        );
+    }
     Ok(())
 }
