@@ -213,7 +213,8 @@ impl MistralEngines {
             let forward = self.raw_forward(model, tokens);
             let states = hidden_capture::disarm_shared();
             let forward = forward?;
-            let states = states.context("nothing was captured")?;
+            let mut states = states.context("nothing was captured")?;
+            keep_last_forward(&mut states.layers);
             match check_capture(&forward, &states, &request) {
                 Ok(()) => return Ok((forward, states)),
                 Err(e) => {
@@ -483,6 +484,20 @@ fn common_prefix(prefixes: &[Vec<u32>]) -> &[u32] {
     &first[..len]
 }
 
+/// Layer recordings pile up over every forward run while capture is armed, but the last
+/// hidden state is the last forward's: keep only each layer's last recording so both come
+/// from one forward, which [`check_capture`] then ties to the returned logits.
+fn keep_last_forward(layers: &mut Vec<(usize, Tensor)>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<(usize, Tensor)> = layers
+        .drain(..)
+        .rev()
+        .filter(|(layer, _)| seen.insert(*layer))
+        .collect();
+    kept.reverse();
+    *layers = kept;
+}
+
 /// The recorded states belong to `forward` (see [`MistralEngines::capture`]).
 fn check_capture(
     forward: &RawForward,
@@ -525,7 +540,21 @@ fn check_capture(
 
 #[cfg(test)]
 mod tests {
-    use super::common_prefix;
+    use super::{common_prefix, keep_last_forward};
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    fn only_the_last_forward_recordings_are_kept() {
+        let t = |v: f32| Tensor::new(&[v], &Device::Cpu).unwrap();
+        // Two forwards recorded layers 3 and 5; the second forward's pair survives in order.
+        let mut layers = vec![(3, t(1.0)), (5, t(2.0)), (3, t(3.0)), (5, t(4.0))];
+        keep_last_forward(&mut layers);
+        let got: Vec<(usize, f32)> = layers
+            .iter()
+            .map(|(l, x)| (*l, x.to_vec1::<f32>().unwrap()[0]))
+            .collect();
+        assert_eq!(got, vec![(3, 3.0), (5, 4.0)]);
+    }
 
     #[test]
     fn common_prefix_of_rollout_contexts() {
