@@ -1,12 +1,12 @@
 //! `train-head mine --method pad`: PAD's pivot labels from Monte-Carlo rollouts.
 //!
 //! Candidates are the mismatches AutoJudge's mining found (greedy speculative decoding
-//! rejects exactly these) on problems whose greedy target answer is right. For each, N target rollouts at T = 0.7 continue the prefix
-//! with the target's own token (base) and with the draft token (candidate); a rollout
-//! succeeds when its answer is the reference. PIVOT iff the candidate's success rate falls
-//! below α × the base rate (the paper's α = 0.8). The paper's LLM-judge sanity check
-//! (which can only turn NON-PIVOT into PIVOT) has no counterpart here: no judge model runs
-//! on this machine.
+//! rejects exactly these) on problems whose greedy target answer is right. For each, N
+//! target rollouts at T = 0.7 continue the prefix with the target's own token (base) and
+//! with the draft token (candidate); a rollout succeeds when its answer is the reference.
+//! PIVOT iff the candidate's success rate falls below α × the base rate (the paper's
+//! α = 0.8). The paper's LLM-judge sanity check (which can only turn NON-PIVOT into PIVOT)
+//! has no counterpart here: no judge model runs on this machine.
 
 use std::{
     collections::BTreeSet,
