@@ -1,6 +1,12 @@
 //! The isolated quantized matmuls of a GGUF model: one row per distinct (type, shape) of its
 //! 2-D weights, timed over m input rows for each CPU kernel, interleaved. Tells how much of a
 //! forward's cost is the matmuls and how it scales with the number of tokens.
+//!
+//! Timed back to back, a weight that fits in the last-level cache is read from there, not from
+//! memory as inside a forward, so the multi-row rows here are optimistic; the forward rows of
+//! `verdict forward-cost` are the real cost. (Flushing the caches before each call was tried:
+//! it made every call, m = 1 included, 2–3× slower than inside the model, as the threads
+//! also went cold.)
 
 use std::{collections::BTreeMap, fs::File, path::Path, time::Instant};
 
@@ -72,6 +78,12 @@ pub fn measure(
         let weight = QMatMul::from_qtensor(content.tensor(&mut file, &name, &device)?)?;
         let max_m = sizes.iter().copied().max().unwrap_or(1);
         let input = Tensor::randn(0f32, 1.0, (1, max_m, cols), &device)?;
+        // Untimed: the first multi-row call of a kernel may prepare the weights (the VNNI
+        // kernels repack them once).
+        for kernel in kernels {
+            kernel.select();
+            weight.forward(&input)?;
+        }
         let mut times = vec![vec![Vec::new(); sizes.len()]; kernels.len()];
         for _ in 0..repeats {
             for (ki, kernel) in kernels.iter().enumerate() {
