@@ -17,17 +17,13 @@ use candle_core::{
     quantized::{set_weight_stationary_matmul, GgmlDType, QMatMul, QTensor},
     Device, Module, Tensor,
 };
+use verdict::matmul_cost::median;
 
 const LAYERS: usize = 28;
 const HIDDEN: usize = 1536;
 const KV: usize = 256;
 const FFN: usize = 8960;
 const VOCAB: usize = 151936;
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -37,7 +33,10 @@ fn main() -> Result<()> {
         .split(',')
         .map(|m| m.parse().with_context(|| format!("bad size {m:?}")))
         .collect::<Result<_>>()?;
-    let repeats: usize = args.next().map_or(Ok(5), |r| r.parse()).context("bad repeats")?;
+    let repeats: usize = args
+        .next()
+        .map_or(Ok(5), |r| r.parse())
+        .context("bad repeats")?;
     match args.next().as_deref() {
         None | Some("weight-stationary") => set_weight_stationary_matmul(true),
         Some("stock") => set_weight_stationary_matmul(false),
@@ -70,7 +69,10 @@ fn main() -> Result<()> {
         weights.push(("up", quantize(&ffn_in, GgmlDType::Q4K)?));
         weights.push((kind, quantize(&ffn_out, mixed)?));
     }
-    weights.push(("lm head", quantize(&random(VOCAB, HIDDEN)?, GgmlDType::Q6K)?));
+    weights.push((
+        "lm head",
+        quantize(&random(VOCAB, HIDDEN)?, GgmlDType::Q6K)?,
+    ));
     let inputs: Vec<(Tensor, Tensor)> = sizes
         .iter()
         .map(|&m| {
@@ -87,7 +89,11 @@ fn main() -> Result<()> {
         for (si, (hidden, ffn)) in inputs.iter().enumerate() {
             let start = Instant::now();
             for (kind, w) in &weights {
-                let x = if kind.starts_with("down") { ffn } else { hidden };
+                let x = if kind.starts_with("down") {
+                    ffn
+                } else {
+                    hidden
+                };
                 let t = Instant::now();
                 w.forward(x)?;
                 if repeat > 0 {
@@ -102,7 +108,11 @@ fn main() -> Result<()> {
     let first = median(totals[0].clone());
     for (si, m) in sizes.iter().enumerate() {
         let total = median(totals[si].clone());
-        println!("m = {m:3}: {total:7.1} ms ({:.2}× m = {})", total / first, sizes[0]);
+        println!(
+            "m = {m:3}: {total:7.1} ms ({:.2}× m = {})",
+            total / first,
+            sizes[0]
+        );
         let kinds: Vec<String> = by_kind
             .iter()
             .filter(|((s, _), _)| *s == si)

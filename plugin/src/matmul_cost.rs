@@ -56,7 +56,8 @@ fn distinct_weights(content: &gguf_file::Content) -> Vec<(String, GgmlDType, usi
         .collect()
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+/// The middle value (the upper one of an even count).
+pub fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
