@@ -80,10 +80,12 @@ pub fn measure(
         let max_m = sizes.iter().copied().max().unwrap_or(1);
         let input = Tensor::randn(0f32, 1.0, (1, max_m, cols), &device)?;
         // Untimed: the first multi-row call of a kernel may prepare the weights (the VNNI
-        // kernels repack them once).
-        for kernel in kernels {
-            kernel.select();
-            weight.forward(&input)?;
+        // kernels repack them once). One row never does.
+        if max_m > 1 {
+            for kernel in kernels {
+                kernel.select();
+                weight.forward(&input)?;
+            }
         }
         let mut times = vec![vec![Vec::new(); sizes.len()]; kernels.len()];
         for _ in 0..repeats {

@@ -121,7 +121,10 @@ fn check(dtype: GgmlDType, seed: u64) {
             assert!(stock.iter().any(|&b| f32::from_bits(b) != 0.0));
             // None: bit for bit; Some: per-output bound of the f32 rounding difference.
             let bounds: Option<Vec<f32>> = (vnni_kernel(dtype) && m > 1).then(|| {
-                magnitude_sums(&w, &x).iter().map(|s| 1e-5 * s + 1e-6).collect()
+                magnitude_sums(&w, &x)
+                    .iter()
+                    .map(|s| 1e-5 * s + 1e-6)
+                    .collect()
             });
             let differs = |i: usize| match &bounds {
                 None => stock[i] != new[i],
@@ -143,8 +146,10 @@ fn check(dtype: GgmlDType, seed: u64) {
 
 /// True where the patch runs this type through its AVX-512 VNNI kernels (m > 1).
 fn vnni_kernel(dtype: GgmlDType) -> bool {
-    cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"))
-        && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
+    cfg!(all(
+        target_feature = "avx512vnni",
+        target_feature = "avx512vl"
+    )) && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
 }
 
 /// Σ_j |w_ij · x_rj| for every output (r, i): the scale of f32 rounding differences.
@@ -154,7 +159,12 @@ fn magnitude_sums(w: &QMatMul, x: &Tensor) -> Vec<f32> {
     };
     let w = q.dequantize(&Device::Cpu).unwrap().abs().unwrap();
     let x = x.squeeze(0).unwrap().abs().unwrap();
-    x.matmul(&w.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    x.matmul(&w.t().unwrap())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 #[test]
