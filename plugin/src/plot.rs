@@ -1,12 +1,15 @@
-//! `verdict plot`: accuracy against τ from a bench report, as an SVG image (the trade-off
-//! curve of a lossy judge: each mode is a point, a sweep of one judge a line through its
-//! points, plain decoding a horizontal line).
+//! `verdict plot`: the trade-off figure of a bench report. Each speculative mode is a point:
+//! its accuracy difference from plain decoding on the same problems (with the bootstrap 95 %
+//! interval as an error bar) against its speed ratio to plain decoding (left) and against τ
+//! (right). Written as SVG and PNG.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use plotters::prelude::*;
+use plotters::{coord::Shift, prelude::*};
 use serde::Deserialize;
+
+use crate::paired::PairedStats;
 
 #[derive(Deserialize)]
 struct Report {
@@ -17,152 +20,188 @@ struct Report {
 #[derive(Deserialize)]
 struct Row {
     mode: String,
-    accuracy: f64,
     mean_acceptance_length: Option<f64>,
     speed_vs_plain: Option<f64>,
+    paired: Option<PairedStats>,
 }
 
-/// Plot every speculative mode of `report` (a `verdict bench` JSON) at (τ, accuracy).
-pub fn accuracy_vs_tau(report: &Path, out: &Path, title: &str) -> Result<()> {
+/// One mode's point: (speed ratio, τ, difference in points, interval in points).
+struct Point {
+    mode: String,
+    speed: f64,
+    tau: f64,
+    difference: f64,
+    interval: (f64, f64),
+}
+
+fn points(report: &Report) -> Vec<Point> {
+    report
+        .summary
+        .iter()
+        .filter_map(|r| {
+            let paired = r.paired.as_ref()?;
+            Some(Point {
+                mode: r.mode.clone(),
+                speed: r.speed_vs_plain?,
+                tau: r.mean_acceptance_length?,
+                difference: 100.0 * paired.accuracy_difference,
+                interval: (
+                    100.0 * paired.difference_ci95.0,
+                    100.0 * paired.difference_ci95.1,
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Write `<out>.svg` and `<out>.png`; returns their paths.
+pub fn tradeoff(report: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(report)
         .with_context(|| format!("cannot read bench report {}", report.display()))?;
     let report: Report = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a verdict bench report", report.display()))?;
-    let points: Vec<(&Row, f64)> = report
-        .summary
-        .iter()
-        .filter_map(|r| r.mean_acceptance_length.map(|tau| (r, tau)))
-        .collect();
+    let points = points(&report);
     if points.is_empty() {
-        bail!("the report has no speculative modes to plot");
+        bail!("the report has no speculative mode paired with plain decoding: run the bench with `plain` among --modes");
     }
-    let plain = report.summary.iter().find(|r| r.mode == "plain");
-    let (lo, hi) = points
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(lo, hi), (_, t)| {
-            (lo.min(*t), hi.max(*t))
-        });
-    let accuracies = points
-        .iter()
-        .map(|(r, _)| r.accuracy)
-        .chain(plain.map(|p| p.accuracy));
-    let (acc_lo, acc_hi) =
-        accuracies.fold((f64::MAX, f64::MIN), |(lo, hi), a| (lo.min(a), hi.max(a)));
-    let pad = ((hi - lo) * 0.15).max(0.1);
-    // Labels sit right of their points: leave room for the rightmost one.
-    let right_pad = ((hi - lo) * 0.3).max(0.3);
-    let acc_pad = ((acc_hi - acc_lo) * 0.25).max(0.05);
-
+    register_font()?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let root = SVGBackend::new(out, (760, 480)).into_drawing_area();
+    let caption = format!("{title} ({} problems)", report.problems);
+    let size = (1100, 480);
+    let svg = out.with_extension("svg");
+    draw(SVGBackend::new(&svg, size).into_drawing_area(), &caption, &points)
+        .with_context(|| format!("cannot write {}", svg.display()))?;
+    let png = out.with_extension("png");
+    draw(BitMapBackend::new(&png, size).into_drawing_area(), &caption, &points)
+        .with_context(|| format!("cannot write {}", png.display()))?;
+    Ok(vec![svg, png])
+}
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    caption: &str,
+    points: &[Point],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{title} ({} problems)", report.problems),
-            ("sans-serif", 20),
-        )
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(56)
-        .build_cartesian_2d(
-            (lo - pad)..(hi + right_pad),
-            ((acc_lo - acc_pad).max(0.0) * 100.0)..((acc_hi + acc_pad).min(1.0) * 100.0),
-        )?;
-    chart
-        .configure_mesh()
-        .x_desc("τ (mean tokens per speculative step)")
-        .y_desc("accuracy (%)")
-        .draw()?;
-    if let Some(plain) = plain {
-        let y = plain.accuracy * 100.0;
-        chart
-            .draw_series(LineSeries::new(
-                [(lo - pad, y), (hi + right_pad, y)],
-                BLACK.mix(0.5).stroke_width(1),
-            ))?
-            .label("plain target decoding")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.5)));
-    }
-    for family in sweeps(&points) {
-        chart.draw_series(LineSeries::new(family, BLUE.mix(0.4).stroke_width(1)))?;
-    }
-    for (row, tau) in &points {
-        let (x, y) = (*tau, row.accuracy * 100.0);
-        let label = match row.speed_vs_plain {
-            Some(s) => format!("{} ({s:.2}×)", row.mode),
-            None => row.mode.clone(),
-        };
-        chart.draw_series([Circle::new((x, y), 5, BLUE.filled())])?;
-        chart.draw_series([Text::new(label, (x, y), ("sans-serif", 13).into_font())])?;
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK.mix(0.3))
-        .background_style(WHITE)
-        .draw()?;
-    root.present()
-        .with_context(|| format!("cannot write {}", out.display()))?;
+    let root = root.titled(caption, ("sans-serif", 20))?;
+    let (left, right) = root.split_horizontally(550);
+    panel(&left, points, |p| p.speed, "speed vs plain decoding (×)", Some(1.0))?;
+    panel(&right, points, |p| p.tau, "τ (tokens per speculative step)", None)?;
+    root.present()?;
     Ok(())
 }
 
-/// A sweep of one judge over a parameter (`aj-0.28`, `aj-0.32`, …: a name ending in
-/// `-<number>`) as (τ, accuracy %) points in τ order, so the plot draws it as a curve.
-fn sweeps(points: &[(&Row, f64)]) -> Vec<Vec<(f64, f64)>> {
-    let mut families: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = Default::default();
-    for (row, tau) in points {
-        if let Some((family, value)) = row.mode.rsplit_once('-') {
-            if value.parse::<f64>().is_ok() {
-                families
-                    .entry(family)
-                    .or_default()
-                    .push((*tau, row.accuracy * 100.0));
-            }
-        }
+/// One panel: difference (with interval) against `x`; a dashed line at "no change", and at
+/// `x_mark` (speed ratio 1) when given.
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    points: &[Point],
+    x: impl Fn(&Point) -> f64,
+    x_desc: &str,
+    x_mark: Option<f64>,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let xs = points.iter().map(&x).chain(x_mark);
+    let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let x_pad = ((x_hi - x_lo) * 0.15).max(0.1);
+    let ys = points.iter().flat_map(|p| [p.interval.0, p.interval.1]).chain([0.0]);
+    let (y_lo, y_hi) = ys.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let y_pad = ((y_hi - y_lo) * 0.1).max(1.0);
+    let x_range = (x_lo - x_pad)..(x_hi + 2.0 * x_pad);
+    let mut chart = ChartBuilder::on(area)
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x_range.clone(), (y_lo - y_pad)..(y_hi + y_pad))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("accuracy − plain (points)")
+        .draw()?;
+    let dashed = BLACK.mix(0.5).stroke_width(1);
+    chart.draw_series(DashedLineSeries::new(
+        [(x_range.start, 0.0), (x_range.end, 0.0)],
+        6,
+        4,
+        dashed,
+    ))?;
+    if let Some(mark) = x_mark {
+        chart.draw_series(DashedLineSeries::new(
+            [(mark, y_lo - y_pad), (mark, y_hi + y_pad)],
+            6,
+            4,
+            dashed,
+        ))?;
     }
-    families
-        .into_values()
-        .filter(|curve| curve.len() > 1)
-        .map(|mut curve| {
-            curve.sort_by(|a, b| a.0.total_cmp(&b.0));
-            curve
-        })
-        .collect()
+    for p in points {
+        let px = x(p);
+        chart.draw_series([PathElement::new(
+            [(px, p.interval.0), (px, p.interval.1)],
+            BLUE.mix(0.6).stroke_width(2),
+        )])?;
+        chart.draw_series([Circle::new((px, p.difference), 5, BLUE.filled())])?;
+        chart.draw_series([Text::new(
+            format!(" {}", p.mode),
+            (px, p.difference),
+            ("sans-serif", 13).into_font(),
+        )])?;
+    }
+    Ok(())
+}
+
+/// Text in the PNG needs a TrueType font: `$VERDICT_FONT`, else a common system sans font.
+fn register_font() -> Result<()> {
+    static REGISTERED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if REGISTERED.get().is_some() {
+        return Ok(());
+    }
+    let candidates = std::env::var_os("VERDICT_FONT").map(PathBuf::from).into_iter().chain(
+        [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+            "/Library/Fonts/Arial.ttf",
+        ]
+        .map(PathBuf::from),
+    );
+    let Some(bytes) = candidates.into_iter().find_map(|p| std::fs::read(p).ok()) else {
+        bail!("no TrueType font for the figure's text: install fonts-dejavu-core, or set VERDICT_FONT to a .ttf file");
+    };
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("the figure's font is not a TrueType font (VERDICT_FONT?)"))?;
+    REGISTERED.set(()).ok();
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(mode: &str, accuracy: f64) -> Row {
-        Row {
-            mode: mode.to_string(),
-            accuracy,
-            mean_acceptance_length: None,
-            speed_vs_plain: None,
-        }
-    }
-
     #[test]
-    fn sweeps_join_the_modes_of_one_judge_in_tau_order() {
-        let rows = [
-            row("exact", 0.2),
-            row("aj-0.40", 0.125),
-            row("fsd-js-0.1", 0.375),
-            row("aj-0.28", 0.25),
-            row("fsd-js-0.2", 0.5),
-            row("dropmatch", 0.5),
-            row("pad-0.5", 0.5),
-        ];
-        let taus = [6.0, 8.0, 5.0, 6.3, 5.5, 6.1, 6.2];
-        let points: Vec<(&Row, f64)> = rows.iter().zip(taus).collect();
-        assert_eq!(
-            sweeps(&points),
-            vec![
-                vec![(6.3, 25.0), (8.0, 12.5)],
-                vec![(5.0, 37.5), (5.5, 50.0)],
+    fn only_modes_paired_with_plain_become_points() {
+        let report: Report = serde_json::from_value(serde_json::json!({
+            "problems": 50,
+            "summary": [
+                {"mode": "plain", "mean_acceptance_length": null, "speed_vs_plain": 1.0, "paired": null},
+                {"mode": "exact", "mean_acceptance_length": 4.0, "speed_vs_plain": 0.9,
+                 "paired": {"problems": 50, "better": 1, "worse": 3, "accuracy_difference": -0.04,
+                            "difference_ci95": [-0.1, 0.02], "mcnemar_p": 0.625, "agreement": 0.9}}
             ]
-        );
+        }))
+        .unwrap();
+        let points = points(&report);
+        assert_eq!(points.len(), 1);
+        assert_eq!(points[0].mode, "exact");
+        assert!((points[0].difference + 4.0).abs() < 1e-9);
+        assert!((points[0].interval.0 + 10.0).abs() < 1e-9);
     }
 }

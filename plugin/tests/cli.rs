@@ -16,7 +16,7 @@ fn verdict(args: &[&str]) -> (bool, String) {
 fn help_lists_every_command() {
     let (ok, text) = verdict(&["--help"]);
     assert!(ok, "{text}");
-    for command in ["serve", "generate", "bench", "fetch-models", "forward-cost"] {
+    for command in ["serve", "generate", "bench", "fetch-models", "fetch-data", "forward-cost", "plot"] {
         assert!(text.contains(command), "{command} missing from:\n{text}");
     }
 }
@@ -84,4 +84,50 @@ fn unknown_model_name_lists_the_known_ones() {
         text.contains("qwen-9000") && text.contains("--list"),
         "{text}"
     );
+}
+
+/// A config and a three-problem GSM8K folder; bench errors about the selection come before
+/// any model is loaded.
+fn bench_fixture() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n").unwrap();
+    let data = dir.path().join("gsm8k");
+    std::fs::create_dir(&data).unwrap();
+    let problem = "{\"question\": \"q\", \"answer\": \"a\\n#### 1\"}\n";
+    std::fs::write(data.join("test.jsonl"), problem.repeat(3)).unwrap();
+    let (config, data) = (config.to_str().unwrap().to_string(), data.to_str().unwrap().to_string());
+    (dir, config, data)
+}
+
+#[test]
+fn problem_ids_out_of_range_are_named() {
+    let (dir, config, data) = bench_fixture();
+    let ids = dir.path().join("ids.txt");
+    std::fs::write(&ids, "0\n3\n").unwrap();
+    let (ok, text) = verdict(&[
+        "bench", "--config", &config, "--data-dir", &data, "--ids", ids.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(text.contains("ids.txt:2") && text.contains("problem 3 is out of range"), "{text}");
+}
+
+#[test]
+fn batching_is_refused_for_speculative_modes() {
+    let (_dir, config, data) = bench_fixture();
+    let (ok, text) = verdict(&[
+        "bench", "--config", &config, "--data-dir", &data, "--modes", "plain,exact", "--batch", "4",
+    ]);
+    assert!(!ok);
+    assert!(text.contains("--batch 4") && text.contains("--modes plain"), "{text}");
+}
+
+#[test]
+fn missing_train_split_says_to_name_its_folder() {
+    let (_dir, config, data) = bench_fixture();
+    let (ok, text) = verdict(&[
+        "bench", "--config", &config, "--data-dir", &data, "--split", "train",
+    ]);
+    assert!(!ok);
+    assert!(text.contains("train.jsonl") && text.contains("--data-dir"), "{text}");
 }

@@ -54,7 +54,8 @@ struct TaskArgs {
     config: PathBuf,
     #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k"])]
     task: String,
-    /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K or ../shared/data/gsm8k).
+    /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K, else the fetched copy in the
+    /// cache; GSM8K train is in no registry package, so name its folder here).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     #[arg(long, default_value = "train")]
@@ -197,11 +198,9 @@ struct PadArgs {
 
 impl TaskArgs {
     fn problems(&self) -> Result<Vec<gsm8k::Problem>> {
-        let dir = self
-            .data_dir
-            .clone()
-            .unwrap_or_else(gsm8k::default_data_dir);
-        gsm8k::load(&dir, &self.split)
+        let config = Config::load(&self.config)?;
+        let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+        gsm8k::load(&verdict::datasets::gsm8k_dir(self.data_dir.clone(), &cache), &self.split)
     }
 
     fn engines(&self) -> Result<MistralEngines> {

