@@ -1,0 +1,68 @@
+//! Several sequences decoded together in one engine each get their own answer: a greedy
+//! request answered in a batch equals the same request answered alone.
+//!
+//! mistral.rs 0.8.1's single-query CPU attention kept one scratch slot per (tile, head) for
+//! every batch item, so each decode step gave every sequence the last sequence's attention:
+//! concurrent requests of equal prompt length came back as copies of one answer after their
+//! first token (patch 0009).
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{config, spec, tiny_pair};
+use verdict::{
+    engine::{generate, Engine, LoadedModels, Prompt},
+    tiny_model::{words, TinyArch},
+};
+
+const MAX_TOKENS: usize = 24;
+
+fn batched_equals_alone(arch: TinyArch) {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_pair(dir.path(), &spec(arch, 23), 0.2);
+    let mut config = config(dir.path(), 3, "exact", MAX_TOKENS);
+    config.speculative.enabled = false;
+    let models = LoadedModels::load(&config).unwrap();
+    // Equal token counts, so the scheduler batches them (the CPU batches equal lengths only).
+    let prompts: Vec<String> = [[1, 2, 3, 4], [9, 30, 7, 5], [22, 6, 14, 40]]
+        .iter()
+        .map(|ids| words(ids))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let engine = Engine::plain(&models, prompts.len()).await;
+        let mut alone = Vec::new();
+        for p in &prompts {
+            let g = generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling)
+                .await
+                .unwrap();
+            alone.push(g.text);
+        }
+        let distinct: BTreeSet<&String> = alone.iter().collect();
+        assert_eq!(distinct.len(), prompts.len(), "the prompts must answer differently: {alone:?}");
+
+        let mut set = tokio::task::JoinSet::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let (mistralrs, prompt, sampling) =
+                (engine.mistralrs.clone(), Prompt::Text(p.clone()), config.sampling.clone());
+            set.spawn(async move { (i, generate(&mistralrs, &prompt, &sampling).await.unwrap().text) });
+        }
+        let mut together = vec![String::new(); prompts.len()];
+        while let Some(joined) = set.join_next().await {
+            let (i, text) = joined.unwrap();
+            together[i] = text;
+        }
+        assert_eq!(together, alone);
+    });
+}
+
+#[test]
+fn qwen2_batched_greedy_equals_alone() {
+    batched_equals_alone(TinyArch::Qwen2);
+}
+
+#[test]
+fn llama_batched_greedy_equals_alone() {
+    batched_equals_alone(TinyArch::Llama);
+}
