@@ -1,0 +1,627 @@
+//! EAGLE-3 draft head (arXiv 2503.01840): one decoder layer that drafts from the target's
+//! own hidden states, in the checkpoint layout SGLang, SpecForge and the EAGLE reference
+//! load (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`; `config.json` keys below).
+//!
+//! ```text
+//! g      = fc(a_low ⊕ a_mid ⊕ a_high)                       3H → H, once per target position
+//! x      = input_layernorm(embed(t)) ⊕ hidden_norm(h)       h = g, or the head's own output
+//! h'     = h + o_proj(attn(q(x), k(x), v(x)))               q/k/v take 2H, no biases
+//! out    = h' + mlp(post_attention_layernorm(h'))            SwiGLU
+//! logits = lm_head(norm(out))                                over the draft vocabulary
+//! ```
+//! The residual carries the un-normalised `h` ("norm after residual", the reference's).
+//! Token embeddings are the target's (frozen), so they come in from outside.
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
+use candle_nn::{linear_no_bias, rms_norm, Linear, RmsNorm, VarBuilder};
+use serde::{Deserialize, Serialize};
+
+/// `config.json` of an EAGLE-3 head, with the field names other engines read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Eagle3Config {
+    #[serde(default = "eagle3_architectures")]
+    pub architectures: Vec<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    /// Defaults to `hidden_size / num_attention_heads`.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    /// The target's vocabulary.
+    pub vocab_size: usize,
+    /// Rows of the head's own LM head; absent means the full vocabulary (no d2t map).
+    #[serde(default)]
+    pub draft_vocab_size: Option<usize>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default = "one")]
+    pub num_hidden_layers: usize,
+    /// Width of the target's hidden states when it differs from the head's.
+    #[serde(default)]
+    pub target_hidden_size: Option<usize>,
+    #[serde(default)]
+    pub eagle_config: Option<EagleConfig>,
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EagleConfig {
+    /// Target layers whose *input* residual stream is fused, low to high, as vLLM reads them
+    /// (SGLang adds one). Absent: {2, L/2, L − 3}.
+    #[serde(default)]
+    pub eagle_aux_hidden_state_layer_ids: Option<Vec<usize>>,
+}
+
+fn eagle3_architectures() -> Vec<String> {
+    vec!["LlamaForCausalLMEagle3".into()]
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+fn default_max_positions() -> usize {
+    32_768
+}
+fn default_act() -> String {
+    "silu".into()
+}
+fn one() -> usize {
+    1
+}
+fn default_model_type() -> String {
+    "llama".into()
+}
+
+impl Eagle3Config {
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    pub fn draft_vocab(&self) -> usize {
+        self.draft_vocab_size.unwrap_or(self.vocab_size)
+    }
+
+    pub fn target_hidden(&self) -> usize {
+        self.target_hidden_size.unwrap_or(self.hidden_size)
+    }
+
+    /// The fused target layers (inputs of these decoder layers) for a target of `layers`.
+    pub fn aux_layers(&self, layers: usize) -> Vec<usize> {
+        self.eagle_config
+            .as_ref()
+            .and_then(|c| c.eagle_aux_hidden_state_layer_ids.clone())
+            .unwrap_or_else(|| default_aux_layers(layers))
+    }
+
+    fn validate(&self) -> Result<()> {
+        ensure!(self.num_hidden_layers == 1, "EAGLE-3 heads have one layer, config says {}", self.num_hidden_layers);
+        ensure!(self.hidden_act == "silu", "hidden_act {:?}: only silu is supported", self.hidden_act);
+        ensure!(!self.tie_word_embeddings, "tie_word_embeddings must be false for an EAGLE-3 head (its lm_head is its own)");
+        ensure!(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+            self.num_attention_heads,
+            self.num_key_value_heads
+        );
+        ensure!(self.draft_vocab() <= self.vocab_size, "draft_vocab_size {} exceeds vocab_size {}", self.draft_vocab(), self.vocab_size);
+        Ok(())
+    }
+}
+
+/// EAGLE-3's default fused layers: inputs of layers 2, L/2 and L − 3.
+pub fn default_aux_layers(layers: usize) -> Vec<usize> {
+    vec![2, layers / 2, layers.saturating_sub(3)]
+}
+
+/// The head's attention cache: keys and values of every position it has seen, (kv heads,
+/// positions, head dim) each.
+#[derive(Clone, Debug, Default)]
+pub struct HeadCache {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+impl HeadCache {
+    pub fn len(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dim(1).unwrap_or(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forget every position from `len` on (rejected drafts, draft steps after a verify).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len >= self.len() {
+            return Ok(());
+        }
+        if len == 0 {
+            *self = Self::default();
+            return Ok(());
+        }
+        self.k = Some(self.k.as_ref().unwrap().narrow(1, 0, len)?);
+        self.v = Some(self.v.as_ref().unwrap().narrow(1, 0, len)?);
+        Ok(())
+    }
+
+    fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let (k, v) = match (&self.k, &self.v) {
+            (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 1)?, Tensor::cat(&[pv, &v], 1)?),
+            _ => (k, v),
+        };
+        self.k = Some(k.clone());
+        self.v = Some(v.clone());
+        Ok((k, v))
+    }
+}
+
+/// The midlayer's attention: q/k/v over [normed embedding ⊕ normed hidden] (2H), RoPE.
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    rope_theta: f64,
+}
+
+impl Attention {
+    fn new(cfg: &Eagle3Config, vb: VarBuilder) -> Result<Self> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+        Ok(Self {
+            q_proj: linear_no_bias(2 * h, cfg.num_attention_heads * hd, vb.pp("q_proj"))?,
+            k_proj: linear_no_bias(2 * h, cfg.num_key_value_heads * hd, vb.pp("k_proj"))?,
+            v_proj: linear_no_bias(2 * h, cfg.num_key_value_heads * hd, vb.pp("v_proj"))?,
+            o_proj: linear_no_bias(cfg.num_attention_heads * hd, h, vb.pp("o_proj"))?,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: hd,
+            rope_theta: cfg.rope_theta,
+        })
+    }
+
+    /// (cos, sin) for `t` positions from `start`, (t, head_dim / 2) each.
+    fn rope_tables(&self, start: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        let half = self.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / self.head_dim as f64) as f32)
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let positions: Vec<f32> = (start..start + t).map(|p| p as f32).collect();
+        let positions = Tensor::from_vec(positions, (t, 1), device)?;
+        let angles = positions.broadcast_mul(&inv_freq)?;
+        Ok((angles.cos()?, angles.sin()?))
+    }
+
+    /// `x`: (t, 2H) at positions `start..start + t`; attends to the cache and causally to
+    /// itself, then appends its keys and values to the cache.
+    fn forward(&self, x: &Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let shape = |y: Tensor, heads: usize| -> Result<Tensor> {
+            Ok(y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = shape(self.q_proj.forward(x)?, self.heads)?;
+        let k = shape(self.k_proj.forward(x)?, self.kv_heads)?;
+        let v = shape(self.v_proj.forward(x)?, self.kv_heads)?;
+        let (cos, sin) = self.rope_tables(start, t, x.device())?;
+        let q = candle_nn::rotary_emb::rope(&q, &cos, &sin)?;
+        let k = candle_nn::rotary_emb::rope(&k, &cos, &sin)?;
+        ensure!(cache.len() == start, "head cache holds {} positions, the input starts at {start}", cache.len());
+        let (k, v) = cache.append(k.squeeze(0)?, v.squeeze(0)?)?;
+        let total = k.dim(1)?;
+        let repeat = self.heads / self.kv_heads;
+        let expand = |y: &Tensor| -> Result<Tensor> {
+            Ok(y.unsqueeze(1)?
+                .expand((self.kv_heads, repeat, total, self.head_dim))?
+                .reshape((self.heads, total, self.head_dim))?)
+        };
+        let (k, v) = (expand(&k)?, expand(&v)?);
+        let q = q.squeeze(0)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+            .collect();
+        let mask = Tensor::from_vec(mask, (1, t, total), x.device())?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+        let out = probs.matmul(&v)?; // (heads, t, hd)
+        let out = out.transpose(0, 1)?.reshape((t, self.heads * self.head_dim))?;
+        Ok(self.o_proj.forward(&out)?)
+    }
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn new(cfg: &Eagle3Config, vb: VarBuilder) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Self {
+            gate_proj: linear_no_bias(h, i, vb.pp("gate_proj"))?,
+            up_proj: linear_no_bias(h, i, vb.pp("up_proj"))?,
+            down_proj: linear_no_bias(i, h, vb.pp("down_proj"))?,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
+        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    }
+}
+
+/// What one head call returns for each input row.
+pub struct HeadOutput {
+    /// The layer's output before `norm`: the hidden input of the next draft step.
+    pub hidden: Tensor,
+    /// Logits over the draft vocabulary (map ids with [`Eagle3Head::target_id`]).
+    pub logits: Tensor,
+}
+
+pub struct Eagle3Head {
+    pub config: Eagle3Config,
+    fc: Linear,
+    input_layernorm: RmsNorm,
+    hidden_norm: RmsNorm,
+    attention: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+    norm: RmsNorm,
+    lm_head: Linear,
+    /// Draft id → target id, when the draft vocabulary is reduced.
+    draft_to_target: Option<Vec<u32>>,
+}
+
+impl Eagle3Head {
+    /// Build from a var builder: stored weights when loading, fresh variables when training.
+    /// `d2t` (offsets, `target = draft + d2t[draft]`) is read when the vocabulary is reduced.
+    pub fn new(config: Eagle3Config, vb: VarBuilder) -> Result<Self> {
+        config.validate()?;
+        let h = config.hidden_size;
+        let eps = config.rms_norm_eps;
+        let mid = vb.pp("midlayer");
+        let draft_to_target = match config.draft_vocab_size {
+            Some(n) if n != config.vocab_size => {
+                let d2t = vb
+                    .get_with_hints_dtype(n, "d2t", candle_nn::Init::Const(0.0), DType::I64)
+                    .context("a reduced draft vocabulary needs the d2t map")?;
+                Some(d2t_to_target_ids(&d2t.to_vec1::<i64>()?, config.vocab_size)?)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            fc: linear_no_bias(3 * config.target_hidden(), h, vb.pp("fc"))?,
+            input_layernorm: rms_norm(h, eps, mid.pp("input_layernorm"))?,
+            hidden_norm: rms_norm(h, eps, mid.pp("hidden_norm"))?,
+            attention: Attention::new(&config, mid.pp("self_attn"))?,
+            post_attention_layernorm: rms_norm(h, eps, mid.pp("post_attention_layernorm"))?,
+            mlp: Mlp::new(&config, mid.pp("mlp"))?,
+            norm: rms_norm(h, eps, vb.pp("norm"))?,
+            lm_head: linear_no_bias(h, config.draft_vocab(), vb.pp("lm_head"))?,
+            draft_to_target,
+            config,
+        })
+    }
+
+    /// Load `dir/config.json` and `dir/model.safetensors` (or `pytorch_model.bin`). Tensor
+    /// names as the reference writes them (`midlayer.`) or as vLLM does (`layers.0.`).
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .with_context(|| format!("cannot read {}", config_path.display()))?;
+        let config: Eagle3Config = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not an EAGLE-3 config", config_path.display()))?;
+        let safetensors = dir.join("model.safetensors");
+        let pickle = dir.join("pytorch_model.bin");
+        let vb = if safetensors.is_file() {
+            // SAFETY: the file is mapped read-only and not modified while the head lives.
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&safetensors], DType::F32, device)? }
+        } else if pickle.is_file() {
+            VarBuilder::from_pth(&pickle, DType::F32, device)?
+        } else {
+            bail!("{} holds neither model.safetensors nor pytorch_model.bin", dir.display());
+        };
+        let vb = if vb.contains_tensor("midlayer.self_attn.q_proj.weight") {
+            vb
+        } else if vb.contains_tensor("layers.0.self_attn.q_proj.weight") {
+            vb.rename_f(|name: &str| name.replacen("midlayer.", "layers.0.", 1))
+        } else {
+            bail!("{}: no midlayer.* (or layers.0.*) tensors: not an EAGLE-3 head", dir.display());
+        };
+        Self::new(config, vb).with_context(|| format!("cannot load the EAGLE-3 head in {}", dir.display()))
+    }
+
+    /// The fused hidden input of a target position: `fc` over the three captured layers.
+    pub fn fuse(&self, aux: &Tensor) -> Result<Tensor> {
+        Ok(self.fc.forward(aux)?)
+    }
+
+    /// Run the layer on `t` rows at positions `start..start + t`: `embeds` (t, H) are the
+    /// target's embeddings of the input tokens, `hidden` (t, H) fused target features or
+    /// the head's own previous outputs.
+    pub fn forward(
+        &self,
+        embeds: &Tensor,
+        hidden: &Tensor,
+        start: usize,
+        cache: &mut HeadCache,
+    ) -> Result<HeadOutput> {
+        let x = Tensor::cat(
+            &[
+                self.input_layernorm.forward(embeds)?,
+                self.hidden_norm.forward(hidden)?,
+            ],
+            D::Minus1,
+        )?;
+        let h = (hidden + self.attention.forward(&x, start, cache)?)?;
+        let out = (&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?;
+        let logits = self.lm_head.forward(&self.norm.forward(&out)?)?;
+        Ok(HeadOutput { hidden: out, logits })
+    }
+
+    /// The target token id of draft id `draft`.
+    pub fn target_id(&self, draft: u32) -> u32 {
+        match &self.draft_to_target {
+            Some(map) => map[draft as usize],
+            None => draft,
+        }
+    }
+
+    /// The best draft of one row of logits, as a target token id.
+    pub fn greedy_target_id(&self, logits_row: &Tensor) -> Result<u32> {
+        let best = logits_row.argmax(D::Minus1)?.to_scalar::<u32>()?;
+        Ok(self.target_id(best))
+    }
+
+    /// Refuse a head whose shapes do not fit the target, naming both.
+    pub fn check_target(&self, target_hidden: usize, target_vocab: usize, target: &str) -> Result<()> {
+        let c = &self.config;
+        if c.target_hidden() != target_hidden || c.vocab_size != target_vocab {
+            bail!(
+                "the EAGLE-3 head was made for a target with hidden size {} and vocabulary {}, but the target {target} has hidden size {target_hidden} and vocabulary {target_vocab}",
+                c.target_hidden(),
+                c.vocab_size
+            );
+        }
+        Ok(())
+    }
+
+    /// The draft logits of row `i` (for callers that keep (t, N) outputs).
+    pub fn row(logits: &Tensor, i: usize) -> Result<Tensor> {
+        Ok(logits.i(i)?)
+    }
+}
+
+/// `d2t` offsets to target ids, checked: each target id in range and strictly increasing
+/// (the reference keeps the draft vocabulary sorted by target id).
+pub fn d2t_to_target_ids(d2t: &[i64], vocab_size: usize) -> Result<Vec<u32>> {
+    let mut previous = -1i64;
+    d2t.iter()
+        .enumerate()
+        .map(|(draft, &offset)| {
+            let target = draft as i64 + offset;
+            ensure!(
+                target > previous && (target as usize) < vocab_size,
+                "d2t[{draft}] = {offset} maps to target id {target}, out of order or outside the vocabulary of {vocab_size}"
+            );
+            previous = target;
+            Ok(target as u32)
+        })
+        .collect()
+}
+
+/// The `d2t` offsets and `t2d` mask of a draft vocabulary given as sorted target ids.
+pub fn vocab_maps(used_target_ids: &[u32], vocab_size: usize) -> (Vec<i64>, Vec<u8>) {
+    let d2t = used_target_ids
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| t as i64 - i as i64)
+        .collect();
+    let mut t2d = vec![0u8; vocab_size];
+    for &t in used_target_ids {
+        t2d[t as usize] = 1;
+    }
+    (d2t, t2d)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_nn::VarMap;
+
+    use super::*;
+
+    fn tiny_config(draft_vocab: Option<usize>) -> Eagle3Config {
+        serde_json::from_value(serde_json::json!({
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "hidden_size": 16,
+            "intermediate_size": 24,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "vocab_size": 40,
+            "draft_vocab_size": draft_vocab,
+            "tie_word_embeddings": false,
+        }))
+        .unwrap()
+    }
+
+    /// A head with random weights (and, when the vocabulary is reduced, the draft
+    /// vocabulary `used`), saved in the reference layout; returns the folder.
+    fn saved_head(config: &Eagle3Config, used: Option<&[u32]>) -> (tempfile::TempDir, VarMap) {
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        if let Some(used) = used {
+            let (d2t, t2d) = vocab_maps(used, config.vocab_size);
+            let d2t = Tensor::new(d2t.as_slice(), &Device::Cpu).unwrap();
+            vb.get_with_hints_dtype(used.len(), "d2t", candle_nn::Init::Const(0.0), DType::I64)
+                .unwrap();
+            varmap.set_one("d2t", d2t).unwrap();
+            vb.get_with_hints_dtype(config.vocab_size, "t2d", candle_nn::Init::Const(0.0), DType::U8)
+                .unwrap();
+            varmap.set_one("t2d", Tensor::new(t2d.as_slice(), &Device::Cpu).unwrap()).unwrap();
+        }
+        Eagle3Head::new(config.clone(), vb).unwrap();
+        // Norm weights start at 1: make them differ so a mixed-up norm shows.
+        for (name, var) in varmap.data().lock().unwrap().iter() {
+            if name.ends_with("norm.weight") {
+                let noisy = (var.as_tensor().rand_like(0.5, 1.5)).unwrap();
+                var.set(&noisy).unwrap();
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        varmap.save(dir.path().join("model.safetensors")).unwrap();
+        std::fs::write(dir.path().join("config.json"), serde_json::to_string(config).unwrap()).unwrap();
+        (dir, varmap)
+    }
+
+    fn random(shape: (usize, usize), seed: u64) -> Tensor {
+        // Deterministic values without a global RNG: splitmix64 of (seed, index).
+        let values: Vec<f32> = (0..(shape.0 * shape.1) as u64)
+            .map(|i| {
+                let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i);
+                x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                x ^= x >> 31;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    #[test]
+    fn loads_the_reference_layout_and_maps_draft_ids() {
+        let used = [0u32, 3, 7, 8, 20, 39];
+        let config = tiny_config(Some(used.len()));
+        let (dir, _) = saved_head(&config, Some(&used));
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        assert_eq!(head.config, config);
+        let targets: Vec<u32> = (0..used.len() as u32).map(|d| head.target_id(d)).collect();
+        assert_eq!(targets, used);
+        let out = head
+            .forward(&random((2, 16), 1), &random((2, 16), 2), 0, &mut HeadCache::default())
+            .unwrap();
+        assert_eq!(out.logits.dims(), &[2, used.len()]);
+        assert_eq!(out.hidden.dims(), &[2, 16]);
+    }
+
+    #[test]
+    fn loads_the_vllm_layer_names_too() {
+        let config = tiny_config(None);
+        let (dir, varmap) = saved_head(&config, None);
+        let renamed: std::collections::HashMap<String, Tensor> = varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.replacen("midlayer.", "layers.0.", 1), v.as_tensor().clone()))
+            .collect();
+        candle_core::safetensors::save(&renamed, dir.path().join("model.safetensors")).unwrap();
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let reference = Eagle3Head::new(config, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+        let (e, h) = (random((3, 16), 3), random((3, 16), 4));
+        let a = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
+        let b = reference.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
+        assert_eq!(max_abs_diff(&a.logits, &b.logits), 0.0);
+    }
+
+    #[test]
+    fn positions_fed_one_call_at_a_time_equal_one_call_for_all() {
+        let config = tiny_config(None);
+        let (dir, _) = saved_head(&config, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let (e, h) = (random((5, 16), 5), random((5, 16), 6));
+        let all = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
+        let mut cache = HeadCache::default();
+        let first = head.forward(&e.narrow(0, 0, 3).unwrap(), &h.narrow(0, 0, 3).unwrap(), 0, &mut cache).unwrap();
+        let rest = head.forward(&e.narrow(0, 3, 2).unwrap(), &h.narrow(0, 3, 2).unwrap(), 3, &mut cache).unwrap();
+        assert_eq!(cache.len(), 5);
+        let stitched = Tensor::cat(&[&first.logits, &rest.logits], 0).unwrap();
+        assert!(max_abs_diff(&all.logits, &stitched) < 1e-5);
+        // A later row sees the earlier ones: changing row 0's token changes row 4.
+        let changed = Tensor::cat(&[&random((1, 16), 7), &e.narrow(0, 1, 4).unwrap()], 0).unwrap();
+        let other = head
+            .forward(&changed, &h, 0, &mut HeadCache::default())
+            .unwrap();
+        // ... and no row sees a later one: changing row 4's token leaves rows 0..4 alone.
+        let last_changed = Tensor::cat(&[&e.narrow(0, 0, 4).unwrap(), &random((1, 16), 8)], 0).unwrap();
+        let causal = head.forward(&last_changed, &h, 0, &mut HeadCache::default()).unwrap();
+        assert!(max_abs_diff(&all.logits.narrow(0, 0, 4).unwrap(), &causal.logits.narrow(0, 0, 4).unwrap()) < 1e-6);
+        assert!(max_abs_diff(&all.logits.i(4).unwrap(), &other.logits.i(4).unwrap()) > 1e-4);
+    }
+
+    #[test]
+    fn truncating_the_cache_forgets_rejected_drafts() {
+        let config = tiny_config(None);
+        let (dir, _) = saved_head(&config, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let (e, h) = (random((4, 16), 8), random((4, 16), 9));
+        let mut cache = HeadCache::default();
+        head.forward(&e.narrow(0, 0, 2).unwrap(), &h.narrow(0, 0, 2).unwrap(), 0, &mut cache).unwrap();
+        // Two drafted positions, then rejected.
+        head.forward(&random((2, 16), 10), &random((2, 16), 11), 2, &mut cache).unwrap();
+        cache.truncate(2).unwrap();
+        assert_eq!(cache.len(), 2);
+        let after = head.forward(&e.narrow(0, 2, 2).unwrap(), &h.narrow(0, 2, 2).unwrap(), 2, &mut cache).unwrap();
+        let fresh = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
+        assert!(max_abs_diff(&after.logits, &fresh.logits.narrow(0, 2, 2).unwrap()) < 1e-5);
+    }
+
+    #[test]
+    fn a_head_for_another_target_is_refused_naming_both() {
+        let config = tiny_config(None);
+        let (dir, _) = saved_head(&config, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let err = head.check_target(1536, 151936, "qwen.gguf").unwrap_err().to_string();
+        assert!(err.contains("hidden size 16") && err.contains("1536") && err.contains("qwen.gguf"), "{err}");
+        head.check_target(16, 40, "tiny").unwrap();
+    }
+
+    #[test]
+    fn vocab_maps_round_trip() {
+        let used = [1u32, 2, 5, 9];
+        let (d2t, t2d) = vocab_maps(&used, 12);
+        assert_eq!(d2t, vec![1, 1, 3, 6]);
+        assert_eq!(t2d.iter().map(|&b| b as usize).sum::<usize>(), 4);
+        let targets = d2t_to_target_ids(&d2t, 12).unwrap();
+        assert_eq!(targets, used);
+        for (draft, &target) in targets.iter().enumerate() {
+            assert_eq!(t2d[target as usize], 1);
+            assert_eq!(t2d[..target as usize].iter().filter(|&&b| b == 1).count(), draft);
+        }
+        assert!(d2t_to_target_ids(&[0, -1], 12).is_err());
+        assert!(d2t_to_target_ids(&[11, 11], 12).is_err());
+    }
+
+    #[test]
+    fn default_fused_layers_for_a_28_layer_target() {
+        assert_eq!(default_aux_layers(28), vec![2, 14, 25]);
+        assert_eq!(tiny_config(None).aux_layers(28), vec![2, 14, 25]);
+    }
+}
