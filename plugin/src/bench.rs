@@ -93,9 +93,6 @@ pub struct Run {
     /// The request's wall clock; for a batched run, its batch's wall clock divided by the
     /// batch's size, so that tokens over seconds is the batch's throughput.
     pub seconds: f64,
-    /// The engine's own time for the completion tokens (prompt processing excluded).
-    #[serde(default)]
-    pub decode_seconds: f64,
     pub counters: Option<Counters>,
     /// Problems decoded together with this one (1: alone).
     #[serde(default = "one")]
@@ -123,9 +120,6 @@ pub struct ModeSummary {
     /// Completion tokens over wall clock, prompt processing included (what a user waits).
     pub tokens_per_second: f64,
     pub speed_vs_plain: Option<f64>,
-    /// Completion tokens over the engine's decode time only (prompt processing excluded).
-    pub decode_tokens_per_second: f64,
-    pub decode_speed_vs_plain: Option<f64>,
     /// Runs whose text equals the plain target's on the same problem.
     pub identical_to_plain: Option<usize>,
     /// Time in the accept rule as a share of target verify time.
@@ -289,7 +283,6 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         text: generation.text,
         completion_tokens: generation.completion_tokens,
         seconds: generation.seconds,
-        decode_seconds: generation.completion_seconds,
         counters,
         batch_size,
     };
@@ -534,22 +527,20 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
         (None, None) => true,
         _ => false,
     };
-    let throughput = |mode: &Mode, seconds: fn(&Run) -> f64| {
+    let tokens_per_second = |mode: &Mode| {
         let (tokens, seconds) = runs
             .iter()
             .filter(|r| &r.mode == mode)
-            .fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + seconds(r)));
+            .fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + r.seconds));
         if seconds > 0.0 {
             tokens as f64 / seconds
         } else {
             0.0
         }
     };
-    let tokens_per_second = |mode: &Mode| throughput(mode, |r| r.seconds);
-    let decode_tokens_per_second = |mode: &Mode| throughput(mode, |r| r.decode_seconds);
-    let has_plain = modes.contains(&Mode::plain());
-    let plain_tps = has_plain.then(|| tokens_per_second(&Mode::plain()));
-    let plain_decode_tps = has_plain.then(|| decode_tokens_per_second(&Mode::plain()));
+    let plain_tps = modes
+        .contains(&Mode::plain())
+        .then(|| tokens_per_second(&Mode::plain()));
     modes
         .iter()
         .map(|mode| {
@@ -564,7 +555,6 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                         })
                     });
             let tps = tokens_per_second(mode);
-            let decode_tps = decode_tokens_per_second(mode);
             let pairs: Vec<Pair> = mine
                 .iter()
                 .filter_map(|r| {
@@ -591,10 +581,6 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                 draft_acceptance_rate: counters.as_ref().map(Counters::draft_acceptance_rate),
                 tokens_per_second: tps,
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
-                decode_tokens_per_second: decode_tps,
-                decode_speed_vs_plain: plain_decode_tps
-                    .filter(|p| *p > 0.0 && decode_tps > 0.0)
-                    .map(|p| decode_tps / p),
                 identical_to_plain: (!plain_text.is_empty() && !mode.is_plain()).then(|| {
                     mine.iter()
                         .filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str()))
@@ -702,19 +688,18 @@ pub fn table(summaries: &[ModeSummary]) -> String {
         );
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | decode-only speed vs plain | accept time / verify time | judges: rescues, vetoes, time / verify time |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | accept time / verify time | judges: rescues, vetoes, time / verify time |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for s in summaries {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2}{} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2}{} | {} | {} | {} |",
             s.mode,
             fixed(s.mean_acceptance_length),
             percent(s.draft_acceptance_rate, 1),
             s.tokens_per_second,
             if s.batched { " (batched)" } else { "" },
             ratio(s.speed_vs_plain),
-            ratio(s.decode_speed_vs_plain),
             percent(s.accept_share_of_verify, 2),
             judge_cell(&s.judges),
         );
