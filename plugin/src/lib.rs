@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod models;
 pub mod paired;
 pub mod plot;
+pub mod proposers;
 pub mod rules;
 pub mod server;
 pub mod step_view;

@@ -1,0 +1,213 @@
+//! EAGLE-3 chain drafting for one sequence: the head's cache follows the target's committed
+//! positions, whose keys always come from target features (what the head saw in training),
+//! and drafted positions live in the cache only while a step drafts.
+//!
+//! Alignment (EAGLE-3 runtime): the target's features `a_p` at position `p` pair with the
+//! token at `p + 1`; the head row at `p` reads `embed(t_{p+1}) ⊕ fc(a_p)` and predicts
+//! `t_{p+2}`. After a target forward, the committed positions' rows enter the cache; the last
+//! one's output gives the first draft, and each later draft feeds the previous draft's
+//! embedding with the head's own output.
+
+use anyhow::{ensure, Result};
+use candle_core::{Device, Tensor};
+use verdict_heads::{Eagle3Head, HeadCache};
+
+/// The target's input embeddings of tokens (the head shares them, frozen).
+pub trait TokenEmbeddings: Send + Sync {
+    /// (tokens, hidden) rows.
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor>;
+}
+
+/// Embeddings held as one dense (vocab, hidden) matrix.
+pub struct DenseEmbeddings(pub Tensor);
+
+impl TokenEmbeddings for DenseEmbeddings {
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, self.0.device())?;
+        Ok(self.0.index_select(&ids, 0)?)
+    }
+}
+
+/// γ drafted tokens (target ids) and the head's logits over the full target vocabulary for
+/// each (draft-vocabulary columns; every other token at −∞).
+pub struct Drafts {
+    pub tokens: Vec<u32>,
+    pub logits: Tensor,
+}
+
+/// One sequence's drafting state.
+#[derive(Default)]
+pub struct SequenceDrafter {
+    cache: HeadCache,
+    /// The last committed row's output (the hidden input of the second draft) and logits
+    /// (the first draft's).
+    last_row: Option<(Tensor, Tensor)>,
+}
+
+impl SequenceDrafter {
+    /// Committed positions the head's cache holds.
+    pub fn committed_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Take the target's features of positions `start..start + n` (fused input rows, or the
+    /// three captured layers concatenated, (n, 3H)) together with the tokens that followed
+    /// each of them (`next_tokens[i]` is the token at `start + i + 1`). Positions at or past
+    /// `start` that the cache held from an earlier call are replaced.
+    pub fn commit(
+        &mut self,
+        head: &Eagle3Head,
+        embeddings: &dyn TokenEmbeddings,
+        start: usize,
+        aux: &Tensor,
+        next_tokens: &[u32],
+    ) -> Result<()> {
+        let n = aux.dim(0)?;
+        ensure!(n == next_tokens.len(), "{n} feature rows but {} next tokens", next_tokens.len());
+        ensure!(
+            start <= self.cache.len(),
+            "features start at position {start} but the head's cache holds only {}",
+            self.cache.len()
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        self.cache.truncate(start)?;
+        let fused = head.fuse(aux)?;
+        let out = head.forward(&embeddings.embed(next_tokens)?, &fused, start, &mut self.cache)?;
+        self.last_row = Some((out.hidden.narrow(0, n - 1, 1)?, out.logits.narrow(0, n - 1, 1)?));
+        Ok(())
+    }
+
+    /// Draft `gamma` tokens greedily after the token that follows the last committed
+    /// position (that row was fed it, so its logits are the first draft's). The cache is
+    /// left as it was: drafted positions are scratch.
+    pub fn draft(
+        &mut self,
+        head: &Eagle3Head,
+        embeddings: &dyn TokenEmbeddings,
+        gamma: usize,
+        vocab_size: usize,
+    ) -> Result<Drafts> {
+        let committed = self.cache.len();
+        let Some((mut hidden, mut logits)) = self.last_row.clone() else {
+            anyhow::bail!("the head has no committed target features to draft from");
+        };
+        let mut tokens = Vec::with_capacity(gamma);
+        let mut rows = Vec::with_capacity(gamma);
+        for step in 0..gamma {
+            let token = head.greedy_target_id(&logits.squeeze(0)?)?;
+            rows.push(self.full_vocab_row(head, &logits, vocab_size)?);
+            tokens.push(token);
+            if step + 1 == gamma {
+                break;
+            }
+            let out = head.forward(&embeddings.embed(&[token])?, &hidden, committed + step, &mut self.cache)?;
+            hidden = out.hidden;
+            logits = out.logits;
+        }
+        self.cache.truncate(committed)?;
+        Ok(Drafts {
+            tokens,
+            logits: Tensor::cat(&rows, 0)?,
+        })
+    }
+
+    fn full_vocab_row(&self, head: &Eagle3Head, logits: &Tensor, vocab_size: usize) -> Result<Tensor> {
+        let draft_logits = logits.squeeze(0)?.to_vec1::<f32>()?;
+        let mut full = vec![f32::NEG_INFINITY; vocab_size];
+        for (draft_id, &value) in draft_logits.iter().enumerate() {
+            full[head.target_id(draft_id as u32) as usize] = value;
+        }
+        Ok(Tensor::from_vec(full, (1, vocab_size), &Device::Cpu)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, D};
+    use candle_nn::{VarBuilder, VarMap};
+    use verdict_heads::Eagle3Config;
+
+    use super::*;
+
+    const VOCAB: usize = 30;
+    const HIDDEN: usize = 16;
+
+    /// A random tiny head over a reduced draft vocabulary, and random embeddings.
+    fn head_and_embeddings() -> (Eagle3Head, DenseEmbeddings) {
+        let config: Eagle3Config = serde_json::from_value(serde_json::json!({
+            "hidden_size": HIDDEN, "intermediate_size": 24, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": VOCAB, "draft_vocab_size": 12,
+        }))
+        .unwrap();
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let used: Vec<u32> = (0..12).map(|i| i * 2 + 3).collect();
+        let d2t: Vec<i64> = used.iter().enumerate().map(|(i, &t)| t as i64 - i as i64).collect();
+        vb.get_with_hints_dtype(12, "d2t", candle_nn::Init::Const(0.0), DType::I64).unwrap();
+        varmap.set_one("d2t", Tensor::new(d2t.as_slice(), &Device::Cpu).unwrap()).unwrap();
+        let head = Eagle3Head::new(config, vb).unwrap();
+        let embeddings = Tensor::randn(0f32, 1.0, (VOCAB, HIDDEN), &Device::Cpu).unwrap();
+        (head, DenseEmbeddings(embeddings))
+    }
+
+    fn features(n: usize) -> Tensor {
+        Tensor::randn(0f32, 1.0, (n, 3 * HIDDEN), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn drafting_leaves_the_committed_cache_alone() {
+        let (head, embeddings) = head_and_embeddings();
+        let mut drafter = SequenceDrafter::default();
+        drafter.commit(&head, &embeddings, 0, &features(5), &[1, 2, 3, 4, 5]).unwrap();
+        let first = drafter.draft(&head, &embeddings, 4, VOCAB).unwrap();
+        assert_eq!(drafter.committed_len(), 5);
+        let again = drafter.draft(&head, &embeddings, 4, VOCAB).unwrap();
+        assert_eq!(first.tokens, again.tokens);
+        assert_eq!(first.logits.dims(), &[4, VOCAB]);
+    }
+
+    #[test]
+    fn committing_in_steps_or_after_a_rollback_drafts_as_committing_at_once() {
+        let (head, embeddings) = head_and_embeddings();
+        let aux = features(6);
+        let next = [7u32, 8, 9, 10, 11, 12];
+        let mut at_once = SequenceDrafter::default();
+        at_once.commit(&head, &embeddings, 0, &aux, &next).unwrap();
+        let expected = at_once.draft(&head, &embeddings, 3, VOCAB).unwrap();
+
+        let mut stepwise = SequenceDrafter::default();
+        stepwise.commit(&head, &embeddings, 0, &aux.narrow(0, 0, 4).unwrap(), &next[..4]).unwrap();
+        // A verify that computed positions 4.. with other features and tokens, rolled back.
+        stepwise.commit(&head, &embeddings, 4, &features(2), &[1, 1]).unwrap();
+        stepwise.commit(&head, &embeddings, 4, &aux.narrow(0, 4, 2).unwrap(), &next[4..]).unwrap();
+        let got = stepwise.draft(&head, &embeddings, 3, VOCAB).unwrap();
+        assert_eq!(got.tokens, expected.tokens);
+        let diff = (got.logits - &expected.logits).unwrap();
+        // −∞ − −∞ is NaN outside the draft vocabulary: compare the finite columns.
+        let finite = diff.to_vec2::<f32>().unwrap().into_iter().flatten().filter(|v| !v.is_nan());
+        assert!(finite.map(f32::abs).fold(0f32, f32::max) < 1e-5);
+    }
+
+    #[test]
+    fn drafts_are_target_ids_and_the_best_of_their_full_vocabulary_row() {
+        let (head, embeddings) = head_and_embeddings();
+        let mut drafter = SequenceDrafter::default();
+        drafter.commit(&head, &embeddings, 0, &features(3), &[4, 5, 6]).unwrap();
+        let drafts = drafter.draft(&head, &embeddings, 3, VOCAB).unwrap();
+        let best: Vec<u32> = drafts.logits.argmax(D::Minus1).unwrap().to_vec1().unwrap();
+        assert_eq!(best, drafts.tokens);
+        for (row, token) in drafts.logits.to_vec2::<f32>().unwrap().iter().zip(&drafts.tokens) {
+            assert!(*token >= 3 && (*token - 3) % 2 == 0, "{token} is not in the draft vocabulary");
+            assert_eq!(row.iter().filter(|v| v.is_finite()).count(), 12);
+        }
+    }
+
+    #[test]
+    fn drafting_before_any_features_is_an_error() {
+        let (head, embeddings) = head_and_embeddings();
+        let err = SequenceDrafter::default().draft(&head, &embeddings, 2, VOCAB);
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,4 @@
+//! Proposers: what drafts the tokens the target verifies. The draft model's chain lives in
+//! the patched pipeline; EAGLE heads draft from the target's own hidden states here.
+
+pub mod eagle;
