@@ -2,3 +2,4 @@
 //! the patched pipeline; EAGLE heads draft from the target's own hidden states here.
 
 pub mod eagle;
+pub mod embeddings;
