@@ -211,9 +211,9 @@ impl Attention {
         Ok((angles.cos()?, angles.sin()?))
     }
 
-    /// `x`: (t, 2H) at positions `start..start + t`; attends to the cache and causally to
-    /// itself, then appends its keys and values to the cache.
-    fn forward(&self, x: &Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
+    /// q (heads, t, hd) and k, v (kv heads, t, hd) of `x` (t, 2H) at positions
+    /// `start..start + t`, RoPE applied.
+    fn project(&self, x: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
         let t = x.dim(0)?;
         let shape = |y: Tensor, heads: usize| -> Result<Tensor> {
             Ok(y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?)
@@ -222,30 +222,75 @@ impl Attention {
         let k = shape(self.k_proj.forward(x)?, self.kv_heads)?;
         let v = shape(self.v_proj.forward(x)?, self.kv_heads)?;
         let (cos, sin) = self.rope_tables(start, t, x.device())?;
-        let q = candle_nn::rotary_emb::rope(&q, &cos, &sin)?;
-        let k = candle_nn::rotary_emb::rope(&k, &cos, &sin)?;
-        ensure!(cache.len() == start, "head cache holds {} positions, the input starts at {start}", cache.len());
-        let (k, v) = cache.append(k.squeeze(0)?, v.squeeze(0)?)?;
-        let total = k.dim(1)?;
-        let repeat = self.heads / self.kv_heads;
-        let expand = |y: &Tensor| -> Result<Tensor> {
-            Ok(y.unsqueeze(1)?
-                .expand((self.kv_heads, repeat, total, self.head_dim))?
-                .reshape((self.heads, total, self.head_dim))?)
-        };
-        let (k, v) = (expand(&k)?, expand(&v)?);
-        let q = q.squeeze(0)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
-        let mask: Vec<f32> = (0..t)
-            .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
-            .collect();
-        let mask = Tensor::from_vec(mask, (1, t, total), x.device())?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
-        let out = probs.matmul(&v)?; // (heads, t, hd)
+        let q = candle_nn::rotary_emb::rope(&q, &cos, &sin)?.squeeze(0)?;
+        let k = candle_nn::rotary_emb::rope(&k, &cos, &sin)?.squeeze(0)?;
+        Ok((q, k, v.squeeze(0)?))
+    }
+
+    /// Keys or values of the kv heads repeated for every query head: (heads, len, hd).
+    fn expand(&self, y: &Tensor) -> Result<Tensor> {
+        let (kv_heads, len, hd) = y.dims3()?;
+        let repeat = self.heads / kv_heads;
+        Ok(y.unsqueeze(1)?
+            .expand((kv_heads, repeat, len, hd))?
+            .reshape((self.heads, len, hd))?)
+    }
+
+    fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+
+    /// (heads, t, hd) attention output to the model width.
+    fn output(&self, out: &Tensor) -> Result<Tensor> {
+        let t = out.dim(1)?;
         let out = out.transpose(0, 1)?.reshape((t, self.heads * self.head_dim))?;
         Ok(self.o_proj.forward(&out)?)
     }
+
+    /// `x`: (t, 2H) at positions `start..start + t`; attends to the cache and causally to
+    /// itself, then appends its keys and values to the cache.
+    fn forward(&self, x: &Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (q, k, v) = self.project(x, start)?;
+        ensure!(cache.len() == start, "head cache holds {} positions, the input starts at {start}", cache.len());
+        let (k, v) = cache.append(k, v)?;
+        let total = k.dim(1)?;
+        let (k, v) = (self.expand(&k)?, self.expand(&v)?);
+        let scores = (q.matmul(&k.t()?)? * self.scale())?;
+        let mask = causal_mask(t, total, start, x.device())?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+        self.output(&probs.matmul(&v)?)
+    }
+
+    /// Training-time test, step `j` (EAGLE-3 §2.4 of the training spec): row `i` at position
+    /// `i + j` sees step 0's keys of positions `0..=i` and, from each later step `s ≤ j`, the
+    /// key of its own row only. `steps` holds the (k, v) of steps `0..j`; this step's are
+    /// appended.
+    fn forward_ttt(&self, x: &Tensor, step: usize, steps: &mut Vec<(Tensor, Tensor)>) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (q, k, v) = self.project(x, step)?;
+        steps.push((self.expand(&k)?, self.expand(&v)?));
+        let (k0, v0) = &steps[0];
+        let mut columns = vec![(q.matmul(&k0.t()?)? * self.scale())?
+            .broadcast_add(&causal_mask(t, t, 0, x.device())?)?];
+        for (ks, _) in &steps[1..] {
+            columns.push(((&q * ks)?.sum_keepdim(D::Minus1)? * self.scale())?);
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&Tensor::cat(&columns, D::Minus1)?)?;
+        let mut out = probs.narrow(D::Minus1, 0, t)?.matmul(v0)?;
+        for (s, (_, vs)) in steps.iter().enumerate().skip(1) {
+            out = (out + probs.narrow(D::Minus1, t + s - 1, 1)?.broadcast_mul(vs)?)?;
+        }
+        self.output(&out)
+    }
+}
+
+/// (1, t, total): row `i` (at position `start + i`) sees keys at positions `≤ start + i`.
+fn causal_mask(t: usize, total: usize, start: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Ok(Tensor::from_vec(mask, (1, t, total), device)?)
 }
 
 struct Mlp {
@@ -379,6 +424,29 @@ impl Eagle3Head {
         let out = (&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?;
         let logits = self.lm_head.forward(&self.norm.forward(&out)?)?;
         Ok(HeadOutput { hidden: out, logits })
+    }
+
+    /// The unrolled training forward (EAGLE-3's training-time test) over one sequence of
+    /// `t` target positions: `aux` (t, 3H) their captured layers, `embeds[j]` (t, H) the
+    /// embeddings of the tokens step `j` reads (row `i`: the token at `i + 1 + j`). Step 0
+    /// reads fused target features; step `j > 0` reads step `j − 1`'s outputs, with the
+    /// attention a chain of drafts would see (gradients flow through every step).
+    pub fn forward_ttt(&self, aux: &Tensor, embeds: &[Tensor]) -> Result<Vec<HeadOutput>> {
+        let mut hidden = self.fuse(aux)?;
+        let mut steps = Vec::with_capacity(embeds.len());
+        let mut outputs = Vec::with_capacity(embeds.len());
+        for (step, embed) in embeds.iter().enumerate() {
+            let x = Tensor::cat(
+                &[self.input_layernorm.forward(embed)?, self.hidden_norm.forward(&hidden)?],
+                D::Minus1,
+            )?;
+            let h = (&hidden + self.attention.forward_ttt(&x, step, &mut steps)?)?;
+            let out = (&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?;
+            let logits = self.lm_head.forward(&self.norm.forward(&out)?)?;
+            hidden = out.clone();
+            outputs.push(HeadOutput { hidden: out, logits });
+        }
+        Ok(outputs)
     }
 
     /// The target token id of draft id `draft`.
@@ -591,6 +659,37 @@ mod tests {
         let after = head.forward(&e.narrow(0, 2, 2).unwrap(), &h.narrow(0, 2, 2).unwrap(), 2, &mut cache).unwrap();
         let fresh = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
         assert!(max_abs_diff(&after.logits, &fresh.logits.narrow(0, 2, 2).unwrap()) < 1e-5);
+    }
+
+    #[test]
+    fn training_time_test_equals_chain_drafting_with_teacher_forced_tokens() {
+        let config = tiny_config(None);
+        let (dir, _) = saved_head(&config, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let (t, steps) = (5, 3);
+        let aux = random((t, 48), 20);
+        // Embeddings of the tokens at positions 1..=t + steps - 1.
+        let token_embeds = random((t + steps - 1, 16), 21);
+        let embeds: Vec<Tensor> = (0..steps).map(|j| token_embeds.narrow(0, j, t).unwrap()).collect();
+        let unrolled = head.forward_ttt(&aux, &embeds).unwrap();
+        let fused = head.fuse(&aux).unwrap();
+        for i in 0..t {
+            // Commit rows 0..=i from target features, then draft with the true tokens.
+            let mut cache = HeadCache::default();
+            let committed = head
+                .forward(&token_embeds.narrow(0, 0, i + 1).unwrap(), &fused.narrow(0, 0, i + 1).unwrap(), 0, &mut cache)
+                .unwrap();
+            let mut hidden = committed.hidden.narrow(0, i, 1).unwrap();
+            assert!(max_abs_diff(&committed.logits.i(i).unwrap(), &unrolled[0].logits.i(i).unwrap()) < 1e-5);
+            for j in 1..steps {
+                let out = head
+                    .forward(&token_embeds.narrow(0, i + j, 1).unwrap(), &hidden, i + j, &mut cache)
+                    .unwrap();
+                let diff = max_abs_diff(&out.logits.squeeze(0).unwrap(), &unrolled[j].logits.i(i).unwrap());
+                assert!(diff < 1e-5, "row {i}, step {j}: {diff}");
+                hidden = out.hidden;
+            }
+        }
     }
 
     #[test]
