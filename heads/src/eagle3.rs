@@ -341,21 +341,23 @@ pub struct Eagle3Head {
 
 impl Eagle3Head {
     /// Build from a var builder: stored weights when loading, fresh variables when training.
-    /// `d2t` (offsets, `target = draft + d2t[draft]`) is read when the vocabulary is reduced.
-    pub fn new(config: Eagle3Config, vb: VarBuilder) -> Result<Self> {
+    /// `draft_to_target` (target id of each draft id) is required when the draft vocabulary
+    /// is reduced.
+    pub fn new(config: Eagle3Config, vb: VarBuilder, draft_to_target: Option<Vec<u32>>) -> Result<Self> {
         config.validate()?;
         let h = config.hidden_size;
         let eps = config.rms_norm_eps;
         let mid = vb.pp("midlayer");
-        let draft_to_target = match config.draft_vocab_size {
-            Some(n) if n != config.vocab_size => {
-                let d2t = vb
-                    .get_with_hints_dtype(n, "d2t", candle_nn::Init::Const(0.0), DType::I64)
-                    .context("a reduced draft vocabulary needs the d2t map")?;
-                Some(d2t_to_target_ids(&d2t.to_vec1::<i64>()?, config.vocab_size)?)
-            }
-            _ => None,
-        };
+        let reduced = config.draft_vocab() != config.vocab_size;
+        match &draft_to_target {
+            Some(map) => ensure!(
+                map.len() == config.draft_vocab(),
+                "the draft-to-target map has {} entries for a draft vocabulary of {}",
+                map.len(),
+                config.draft_vocab()
+            ),
+            None => ensure!(!reduced, "a reduced draft vocabulary needs the d2t map"),
+        }
         Ok(Self {
             fc: linear_no_bias(3 * config.target_hidden(), h, vb.pp("fc"))?,
             input_layernorm: rms_norm(h, eps, mid.pp("input_layernorm"))?,
@@ -395,7 +397,17 @@ impl Eagle3Head {
         } else {
             bail!("{}: no midlayer.* (or layers.0.*) tensors: not an EAGLE-3 head", dir.display());
         };
-        Self::new(config, vb).with_context(|| format!("cannot load the EAGLE-3 head in {}", dir.display()))
+        let draft_to_target = match config.draft_vocab() != config.vocab_size {
+            true => {
+                let d2t = vb
+                    .get_with_hints_dtype(config.draft_vocab(), "d2t", candle_nn::Init::Const(0.0), DType::I64)
+                    .with_context(|| format!("{}: a reduced draft vocabulary needs the d2t map", dir.display()))?;
+                Some(d2t_to_target_ids(&d2t.to_vec1::<i64>()?, config.vocab_size)?)
+            }
+            false => None,
+        };
+        Self::new(config, vb, draft_to_target)
+            .with_context(|| format!("cannot load the EAGLE-3 head in {}", dir.display()))
     }
 
     /// The fused hidden input of a target position: `fc` over the three captured layers.
@@ -482,6 +494,36 @@ impl Eagle3Head {
     }
 }
 
+/// Write a head as other engines load it: `dir/config.json` and `dir/model.safetensors`
+/// with the trained tensors of `varmap` plus `d2t` and `t2d` when the vocabulary is reduced.
+pub fn save_checkpoint(
+    dir: &Path,
+    config: &Eagle3Config,
+    varmap: &candle_nn::VarMap,
+    draft_to_target: Option<&[u32]>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut tensors: std::collections::HashMap<String, Tensor> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+        .collect();
+    if let Some(used) = draft_to_target {
+        let (d2t, t2d) = vocab_maps(used, config.vocab_size);
+        tensors.insert("d2t".into(), Tensor::new(d2t.as_slice(), &Device::Cpu)?);
+        tensors.insert("t2d".into(), Tensor::new(t2d.as_slice(), &Device::Cpu)?);
+    }
+    // Written beside and renamed, so a crash never leaves half a checkpoint under the name.
+    let weights = dir.join("model.safetensors");
+    let partial = dir.join("model.safetensors.partial");
+    candle_core::safetensors::save(&tensors, &partial)?;
+    std::fs::rename(&partial, &weights)?;
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config)?)?;
+    Ok(())
+}
+
 /// `d2t` offsets to target ids, checked: each target id in range and strictly increasing
 /// (the reference keeps the draft vocabulary sorted by target id).
 pub fn d2t_to_target_ids(d2t: &[i64], vocab_size: usize) -> Result<Vec<u32>> {
@@ -539,19 +581,9 @@ mod tests {
     /// A head with random weights (and, when the vocabulary is reduced, the draft
     /// vocabulary `used`), saved in the reference layout; returns the folder.
     fn saved_head(config: &Eagle3Config, used: Option<&[u32]>) -> (tempfile::TempDir, VarMap) {
-        let mut varmap = VarMap::new();
+        let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        if let Some(used) = used {
-            let (d2t, t2d) = vocab_maps(used, config.vocab_size);
-            let d2t = Tensor::new(d2t.as_slice(), &Device::Cpu).unwrap();
-            vb.get_with_hints_dtype(used.len(), "d2t", candle_nn::Init::Const(0.0), DType::I64)
-                .unwrap();
-            varmap.set_one("d2t", d2t).unwrap();
-            vb.get_with_hints_dtype(config.vocab_size, "t2d", candle_nn::Init::Const(0.0), DType::U8)
-                .unwrap();
-            varmap.set_one("t2d", Tensor::new(t2d.as_slice(), &Device::Cpu).unwrap()).unwrap();
-        }
-        Eagle3Head::new(config.clone(), vb).unwrap();
+        Eagle3Head::new(config.clone(), vb, used.map(<[u32]>::to_vec)).unwrap();
         // Norm weights start at 1: make them differ so a mixed-up norm shows.
         for (name, var) in varmap.data().lock().unwrap().iter() {
             if name.ends_with("norm.weight") {
@@ -560,8 +592,7 @@ mod tests {
             }
         }
         let dir = tempfile::tempdir().unwrap();
-        varmap.save(dir.path().join("model.safetensors")).unwrap();
-        std::fs::write(dir.path().join("config.json"), serde_json::to_string(config).unwrap()).unwrap();
+        save_checkpoint(dir.path(), config, &varmap, used).unwrap();
         (dir, varmap)
     }
 
@@ -612,7 +643,8 @@ mod tests {
             .collect();
         candle_core::safetensors::save(&renamed, dir.path().join("model.safetensors")).unwrap();
         let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
-        let reference = Eagle3Head::new(config, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+        let reference =
+            Eagle3Head::new(config, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), None).unwrap();
         let (e, h) = (random((3, 16), 3), random((3, 16), 4));
         let a = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
         let b = reference.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();

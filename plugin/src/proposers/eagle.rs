@@ -141,13 +141,10 @@ mod tests {
             "num_key_value_heads": 2, "vocab_size": VOCAB, "draft_vocab_size": 12,
         }))
         .unwrap();
-        let mut varmap = VarMap::new();
+        let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let used: Vec<u32> = (0..12).map(|i| i * 2 + 3).collect();
-        let d2t: Vec<i64> = used.iter().enumerate().map(|(i, &t)| t as i64 - i as i64).collect();
-        vb.get_with_hints_dtype(12, "d2t", candle_nn::Init::Const(0.0), DType::I64).unwrap();
-        varmap.set_one("d2t", Tensor::new(d2t.as_slice(), &Device::Cpu).unwrap()).unwrap();
-        let head = Eagle3Head::new(config, vb).unwrap();
+        let head = Eagle3Head::new(config, vb, Some(used)).unwrap();
         let embeddings = Tensor::randn(0f32, 1.0, (VOCAB, HIDDEN), &Device::Cpu).unwrap();
         (head, DenseEmbeddings(embeddings))
     }
