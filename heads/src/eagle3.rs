@@ -16,7 +16,7 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
-use candle_nn::{linear_no_bias, rms_norm, Linear, RmsNorm, VarBuilder};
+use candle_nn::{linear_no_bias, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
 /// `config.json` of an EAGLE-3 head, with the field names other engines read.
@@ -222,8 +222,8 @@ impl Attention {
         let k = shape(self.k_proj.forward(x)?, self.kv_heads)?;
         let v = shape(self.v_proj.forward(x)?, self.kv_heads)?;
         let (cos, sin) = self.rope_tables(start, t, x.device())?;
-        let q = candle_nn::rotary_emb::rope(&q, &cos, &sin)?.squeeze(0)?;
-        let k = candle_nn::rotary_emb::rope(&k, &cos, &sin)?.squeeze(0)?;
+        let q = candle_nn::rotary_emb::rope_slow(&q, &cos, &sin)?.squeeze(0)?;
+        let k = candle_nn::rotary_emb::rope_slow(&k, &cos, &sin)?.squeeze(0)?;
         Ok((q, k, v.squeeze(0)?))
     }
 
@@ -258,7 +258,7 @@ impl Attention {
         let (k, v) = (self.expand(&k)?, self.expand(&v)?);
         let scores = (q.matmul(&k.t()?)? * self.scale())?;
         let mask = causal_mask(t, total, start, x.device())?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
         self.output(&probs.matmul(&v)?)
     }
 
@@ -276,7 +276,7 @@ impl Attention {
         for (ks, _) in &steps[1..] {
             columns.push(((&q * ks)?.sum_keepdim(D::Minus1)? * self.scale())?);
         }
-        let probs = candle_nn::ops::softmax_last_dim(&Tensor::cat(&columns, D::Minus1)?)?;
+        let probs = candle_nn::ops::softmax(&Tensor::cat(&columns, D::Minus1)?, D::Minus1)?;
         let mut out = probs.narrow(D::Minus1, 0, t)?.matmul(v0)?;
         for (s, (_, vs)) in steps.iter().enumerate().skip(1) {
             out = (out + probs.narrow(D::Minus1, t + s - 1, 1)?.broadcast_mul(vs)?)?;
@@ -291,6 +291,26 @@ fn causal_mask(t: usize, total: usize, start: usize, device: &Device) -> Result<
         .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     Ok(Tensor::from_vec(mask, (1, t, total), device)?)
+}
+
+/// RMS norm from plain tensor ops: candle-nn's fused norm, softmax and RoPE kernels have no
+/// backward pass, and the head is trained with the same code it serves with.
+struct HeadNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+fn head_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<HeadNorm> {
+    Ok(HeadNorm {
+        weight: vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
+        eps,
+    })
+}
+
+impl Module for HeadNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm_slow(x, &self.weight, self.eps as f32)
+    }
 }
 
 struct Mlp {
@@ -328,12 +348,12 @@ pub struct HeadOutput {
 pub struct Eagle3Head {
     pub config: Eagle3Config,
     fc: Linear,
-    input_layernorm: RmsNorm,
-    hidden_norm: RmsNorm,
+    input_layernorm: HeadNorm,
+    hidden_norm: HeadNorm,
     attention: Attention,
-    post_attention_layernorm: RmsNorm,
+    post_attention_layernorm: HeadNorm,
     mlp: Mlp,
-    norm: RmsNorm,
+    norm: HeadNorm,
     lm_head: Linear,
     /// Draft id → target id, when the draft vocabulary is reduced.
     draft_to_target: Option<Vec<u32>>,
@@ -360,12 +380,12 @@ impl Eagle3Head {
         }
         Ok(Self {
             fc: linear_no_bias(3 * config.target_hidden(), h, vb.pp("fc"))?,
-            input_layernorm: rms_norm(h, eps, mid.pp("input_layernorm"))?,
-            hidden_norm: rms_norm(h, eps, mid.pp("hidden_norm"))?,
+            input_layernorm: head_norm(h, eps, mid.pp("input_layernorm"))?,
+            hidden_norm: head_norm(h, eps, mid.pp("hidden_norm"))?,
             attention: Attention::new(&config, mid.pp("self_attn"))?,
-            post_attention_layernorm: rms_norm(h, eps, mid.pp("post_attention_layernorm"))?,
+            post_attention_layernorm: head_norm(h, eps, mid.pp("post_attention_layernorm"))?,
             mlp: Mlp::new(&config, mid.pp("mlp"))?,
-            norm: rms_norm(h, eps, vb.pp("norm"))?,
+            norm: head_norm(h, eps, vb.pp("norm"))?,
             lm_head: linear_no_bias(h, config.draft_vocab(), vb.pp("lm_head"))?,
             draft_to_target,
             config,

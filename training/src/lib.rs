@@ -6,6 +6,7 @@
 //! grid, threshold table) → a `verdict_heads::LogisticHead` file.
 
 pub mod autojudge_head;
+pub mod eagle_loss;
 pub mod engine;
 pub mod features;
 pub mod fit;
