@@ -333,13 +333,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             }
         }
     }
-    for (position, &index) in selected.iter().enumerate() {
+    // Unbatched: one problem at a time, the modes rotated (a batched run has done its runs).
+    let one_at_a_time = if options.batch > 1 { &[][..] } else { &selected[..] };
+    for (position, &index) in one_at_a_time.iter().enumerate() {
         let problem = &problems[index];
         // Rotate the order per problem so no mode always runs first (warm caches, turbo).
         let n = options.modes.len();
         for k in 0..n {
             let mode = options.modes[(position + k) % n].clone();
-            if done.contains(&(index, mode.clone())) || options.batch > 1 {
+            if done.contains(&(index, mode.clone())) {
                 continue;
             }
             bar.set_message(format!("problem {index} {}", mode.name()));
