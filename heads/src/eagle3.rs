@@ -19,6 +19,8 @@ use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
 use candle_nn::{linear_no_bias, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+use crate::fingerprint::ModelFingerprint;
+
 /// `config.json` of an EAGLE-3 head, with the field names other engines read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Eagle3Config {
@@ -55,6 +57,10 @@ pub struct Eagle3Config {
     pub eagle_config: Option<EagleConfig>,
     #[serde(default = "default_model_type")]
     pub model_type: String,
+    /// Verdict's record of the target the head was trained on (other engines ignore the
+    /// key); a head that has it is refused for any other target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict_target: Option<ModelFingerprint>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -496,13 +502,19 @@ impl Eagle3Head {
     }
 
     /// Refuse a head whose shapes do not fit the target, naming both.
-    pub fn check_target(&self, target_hidden: usize, target_vocab: usize, target: &str) -> Result<()> {
+    /// Refuse a head made for another target: by its recorded fingerprint when it has one,
+    /// else by hidden size and vocabulary. The message names both models.
+    pub fn check_target(&self, head: &str, target: &ModelFingerprint) -> Result<()> {
         let c = &self.config;
-        if c.target_hidden() != target_hidden || c.vocab_size != target_vocab {
+        if let Some(trained_for) = &c.verdict_target {
+            return trained_for.check_loaded(head, "target", target);
+        }
+        if c.target_hidden() != target.hidden_size || c.vocab_size != target.vocab_size {
             bail!(
-                "the EAGLE-3 head was made for a target with hidden size {} and vocabulary {}, but the target {target} has hidden size {target_hidden} and vocabulary {target_vocab}",
+                "EAGLE-3 head {head} was made for a target with hidden size {} and vocabulary {}, but the loaded target is {}",
                 c.target_hidden(),
-                c.vocab_size
+                c.vocab_size,
+                target.describe()
             );
         }
         Ok(())
@@ -630,6 +642,17 @@ mod tests {
         Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
     }
 
+    fn fingerprint(source: &str, hidden_size: usize, vocab_size: usize) -> ModelFingerprint {
+        ModelFingerprint {
+            architecture: "qwen2".into(),
+            hidden_size,
+            num_layers: 28,
+            vocab_size,
+            tokenizer_sha256: "0".repeat(64),
+            source: source.into(),
+        }
+    }
+
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
     }
@@ -749,9 +772,20 @@ mod tests {
         let config = tiny_config(None);
         let (dir, _) = saved_head(&config, None);
         let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
-        let err = head.check_target(1536, 151936, "qwen.gguf").unwrap_err().to_string();
+        let qwen = fingerprint("qwen.gguf", 1536, 151936);
+        let err = head.check_target("eagle-dir", &qwen).unwrap_err().to_string();
         assert!(err.contains("hidden size 16") && err.contains("1536") && err.contains("qwen.gguf"), "{err}");
-        head.check_target(16, 40, "tiny").unwrap();
+        head.check_target("eagle-dir", &fingerprint("tiny", 16, 40)).unwrap();
+        // A head that records its target refuses another model of the same shape.
+        let mut recorded = config.clone();
+        recorded.verdict_target = Some(fingerprint("tiny-a", 16, 40));
+        let (dir, _) = saved_head(&recorded, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let mut other = fingerprint("tiny-b", 16, 40);
+        other.tokenizer_sha256 = "f".repeat(64);
+        let err = head.check_target("eagle-dir", &other).unwrap_err().to_string();
+        assert!(err.contains("tiny-a") && err.contains("tiny-b"), "{err}");
+        head.check_target("eagle-dir", &fingerprint("tiny-a", 16, 40)).unwrap();
     }
 
     #[test]
