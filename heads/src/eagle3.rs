@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{linear_no_bias, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -519,11 +519,6 @@ impl Eagle3Head {
         }
         Ok(())
     }
-
-    /// The draft logits of row `i` (for callers that keep (t, N) outputs).
-    pub fn row(logits: &Tensor, i: usize) -> Result<Tensor> {
-        Ok(logits.i(i)?)
-    }
 }
 
 /// Write a head as other engines load it: `dir/config.json` and `dir/model.safetensors`
@@ -590,6 +585,7 @@ pub fn vocab_maps(used_target_ids: &[u32], vocab_size: usize) -> (Vec<i64>, Vec<
 
 #[cfg(test)]
 mod tests {
+    use candle_core::IndexOp;
     use candle_nn::VarMap;
 
     use super::*;

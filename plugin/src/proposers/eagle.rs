@@ -9,7 +9,7 @@
 //! embedding with the head's own output.
 
 use anyhow::{ensure, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use verdict_heads::{Eagle3Head, HeadCache};
 
 /// The target's input embeddings of tokens (the head shares them, frozen).
@@ -119,13 +119,13 @@ impl SequenceDrafter {
         for (draft_id, &value) in draft_logits.iter().enumerate() {
             full[head.target_id(draft_id as u32) as usize] = value;
         }
-        Ok(Tensor::from_vec(full, (1, vocab_size), &Device::Cpu)?)
+        Ok(Tensor::from_vec(full, (1, vocab_size), logits.device())?)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, D};
+    use candle_core::{DType, Device, D};
     use candle_nn::{VarBuilder, VarMap};
     use verdict_heads::Eagle3Config;
 
