@@ -501,7 +501,6 @@ impl Eagle3Head {
         Ok(self.target_id(best))
     }
 
-    /// Refuse a head whose shapes do not fit the target, naming both.
     /// Refuse a head made for another target: by its recorded fingerprint when it has one,
     /// else by hidden size and vocabulary. The message names both models.
     pub fn check_target(&self, head: &str, target: &ModelFingerprint) -> Result<()> {

@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::Config,
+    config::{Config, EAGLE_MODE_PREFIX},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
@@ -45,7 +45,17 @@ impl Mode {
 
     /// Lossless stacks, whose divergences from plain decoding the bench explains.
     pub fn is_lossless(&self) -> bool {
-        self.0 == "exact" || self.0 == "rejection"
+        matches!(self.stack_name(), "exact" | "rejection")
+    }
+
+    /// Drafts from the EAGLE head (`eagle:<stack>`) rather than the draft model.
+    pub fn drafts_with_eagle(&self) -> bool {
+        self.0.starts_with(EAGLE_MODE_PREFIX)
+    }
+
+    /// The judge stack the mode runs (its name without the `eagle:` prefix).
+    pub fn stack_name(&self) -> &str {
+        self.0.strip_prefix(EAGLE_MODE_PREFIX).unwrap_or(&self.0)
     }
 
     pub fn name(&self) -> String {
@@ -187,9 +197,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             options.batch
         );
     }
-    let needs_draft = options.modes.iter().any(|m| !m.is_plain());
+    let needs_draft = options.modes.iter().any(|m| !m.is_plain() && !m.drafts_with_eagle());
+    let needs_eagle = options.modes.iter().any(Mode::drafts_with_eagle);
     if needs_draft && config.models.draft.is_none() {
-        bail!("speculative modes need models.draft in the config");
+        bail!("speculative modes without the eagle: prefix need models.draft in the config");
     }
 
     let checkpoint = checkpoint_path(&options.out);
@@ -208,7 +219,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         );
     }
 
-    let models = LoadedModels::load(config)?;
+    let models = LoadedModels::load_with_draft(config, needs_draft)?;
+    let eagle = needs_eagle.then(|| models.eagle_proposer(config)).transpose()?;
     // Every stack is built (heads loaded and checked) before the first run.
     let stacks: BTreeMap<Mode, Arc<JudgeStack>> = options
         .modes
@@ -217,29 +229,27 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .map(|m| {
             Ok((
                 m.clone(),
-                Arc::new(config.named_stack(&m.0, &models.fingerprints())?),
+                Arc::new(config.named_stack(m.stack_name(), &models.fingerprints())?),
             ))
         })
         .collect::<Result<_>>()?;
     let runtime = tokio::runtime::Runtime::new()?;
     let metrics = Arc::new(Metrics::default());
-    let (plain, speculative) = runtime.block_on(async {
+    let s = &config.speculative;
+    let (plain, speculative, eagle) = runtime.block_on(async {
         let plain = Engine::plain(&models, options.batch).await;
+        let lossless = || JudgeStack::lossless(s.base_rule);
         let speculative = match needs_draft {
-            true => Some(
-                Engine::speculative(
-                    &models,
-                    config.speculative.gamma,
-                    JudgeStack::lossless(config.speculative.base_rule),
-                    config.speculative.seed,
-                    metrics.clone(),
-                    1,
-                )
-                .await?,
-            ),
+            true => Some(Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?),
             false => None,
         };
-        anyhow::Ok((plain, speculative))
+        let eagle = match eagle {
+            Some(proposer) => Some(
+                Engine::with_proposer(&models, proposer, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?,
+            ),
+            None => None,
+        };
+        anyhow::Ok((plain, speculative, eagle))
     })?;
 
     let total = selected.len() * options.modes.len();
@@ -354,9 +364,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                             None,
                         )),
                         Some(stack) => {
-                            let engine = speculative
-                                .as_ref()
-                                .expect("built when a speculative mode is asked for");
+                            let engine = match mode.drafts_with_eagle() {
+                                true => eagle.as_ref(),
+                                false => speculative.as_ref(),
+                            }
+                            .expect("built when a mode drafting with it is asked for");
                             engine.rule.as_ref().unwrap().set_stack(stack.clone());
                             let before = metrics.snapshot();
                             let generation =

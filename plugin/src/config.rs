@@ -76,6 +76,11 @@ pub struct SpeculativeConfig {
     pub base_rule: BaseRule,
     /// Seed of the accept rule's random draws (draft sampling, rejection tests).
     pub seed: u64,
+    /// What drafts: `models.draft`, or the EAGLE-3 head in `eagle_head`.
+    pub proposer: ProposerKind,
+    /// An EAGLE-3 head folder (`config.json` + `model.safetensors`), relative to the config
+    /// file. Needed by `proposer = "eagle"` and by the bench's `eagle:` modes.
+    pub eagle_head: Option<PathBuf>,
 }
 
 impl Default for SpeculativeConfig {
@@ -85,9 +90,24 @@ impl Default for SpeculativeConfig {
             gamma: 4,
             base_rule: BaseRule::Exact,
             seed: 0,
+            proposer: ProposerKind::DraftModel,
+            eagle_head: None,
         }
     }
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProposerKind {
+    /// A second, smaller model with the target's tokenizer (`models.draft`).
+    DraftModel,
+    /// An EAGLE-3 head drafting from the target's own hidden states; no draft model loads.
+    Eagle,
+}
+
+/// Bench modes that draft with the EAGLE head start with this (`eagle:exact`); the rest
+/// names the judge stack.
+pub const EAGLE_MODE_PREFIX: &str = "eagle:";
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -222,13 +242,28 @@ impl Config {
         }
     }
 
-    /// Every mode `verdict bench` accepts with this config.
+    /// Every mode `verdict bench` accepts with this config: each stack with the draft model,
+    /// and with `eagle:` before it when an EAGLE head is configured.
     pub fn mode_names(&self) -> Vec<String> {
-        BUILTIN_MODES
+        let stacks: Vec<String> = BUILTIN_MODES
             .iter()
             .map(|s| s.to_string())
             .chain(self.stacks.iter().map(|s| s.name.clone()))
-            .collect()
+            .collect();
+        let eagle = match self.speculative.eagle_head {
+            Some(_) => stacks
+                .iter()
+                .filter(|s| *s != "plain")
+                .map(|s| format!("{EAGLE_MODE_PREFIX}{s}"))
+                .collect(),
+            None => Vec::new(),
+        };
+        stacks.into_iter().chain(eagle).collect()
+    }
+
+    /// The EAGLE head's folder, resolved against the config file's folder.
+    pub fn eagle_head(&self) -> Option<PathBuf> {
+        self.speculative.eagle_head.as_ref().map(|p| self.base_dir.join(p))
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -242,8 +277,14 @@ impl Config {
                 s.gamma
             );
         }
-        if s.enabled && self.models.draft.is_none() {
-            bail!("speculative.enabled = true needs models.draft; set it or disable speculation");
+        match s.proposer {
+            ProposerKind::DraftModel if s.enabled && self.models.draft.is_none() => bail!(
+                "speculative.enabled = true needs models.draft (or proposer = \"eagle\" with eagle_head); set it or disable speculation"
+            ),
+            ProposerKind::Eagle if s.eagle_head.is_none() => bail!(
+                "speculative.proposer = \"eagle\" needs speculative.eagle_head, the head's folder"
+            ),
+            _ => {}
         }
         let t = &self.sampling;
         if !(t.temperature >= 0.0 && t.temperature.is_finite()) {
@@ -313,6 +354,20 @@ mod tests {
     fn unknown_section_is_named() {
         let err = error_of(&format!("{MINIMAL}[speculation]\ngamma = 3\n"));
         assert!(err.contains("unknown field `speculation`"), "{err}");
+    }
+
+    #[test]
+    fn eagle_proposer_needs_a_head_and_no_draft() {
+        let target_only = "[models]\ntarget = \"t.gguf\"\n";
+        let err = error_of(&format!("{target_only}[speculative]\nproposer = \"eagle\"\n"));
+        assert!(err.contains("speculative.eagle_head"), "{err}");
+        let config =
+            Config::from_toml(&format!("{target_only}[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n")).unwrap();
+        assert_eq!(config.speculative.proposer, ProposerKind::Eagle);
+        assert!(config.mode_names().contains(&"eagle:exact".to_string()));
+        assert!(!config.mode_names().contains(&"eagle:plain".to_string()));
+        let err = error_of(&format!("{target_only}[speculative]\nproposer = \"medusa\"\n"));
+        assert!(err.contains("unknown variant `medusa`"), "{err}");
     }
 
     #[test]

@@ -13,18 +13,20 @@ use mistralrs_core::{
     NormalSpecificConfig, Pipeline, Request, RequestMessage, Response, SamplingParams,
     SchedulerConfig, SpeculativeConfig, SpeculativePipeline, TokenSource,
 };
+use mistralrs_core::speculative_hook::Proposer;
 use tokio::sync::Mutex;
 
 use verdict_heads::ModelFingerprint;
 
 use crate::{
     accept::VerdictRule,
-    config::{Config, SamplingConfig},
+    config::{Config, ProposerKind, SamplingConfig},
     fingerprint::fingerprint,
     judge::JudgeStack,
     judges::LoadedFingerprints,
     metrics::Metrics,
     models::{cache_dir, resolve, ModelSource},
+    proposers::eagle_proposer::EagleProposer,
 };
 
 pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
@@ -106,11 +108,19 @@ pub struct LoadedModels {
 }
 
 impl LoadedModels {
+    /// The target, and the draft when speculation drafts with it.
     pub fn load(config: &Config) -> Result<Self> {
+        let s = &config.speculative;
+        Self::load_with_draft(config, s.enabled && s.proposer == ProposerKind::DraftModel)
+    }
+
+    /// The target, and `models.draft` when `with_draft` (an EAGLE head needs no draft model).
+    pub fn load_with_draft(config: &Config, with_draft: bool) -> Result<Self> {
         let cache = cache_dir(config.models.cache_dir.as_deref());
         let target_source = resolve(&config.models.target, &cache).context("models.target")?;
-        let draft_source = match (&config.models.draft, config.speculative.enabled) {
+        let draft_source = match (&config.models.draft, with_draft) {
             (Some(draft), true) => Some(resolve(draft, &cache).context("models.draft")?),
+            (None, true) => bail!("drafting with a draft model needs models.draft in the config"),
             _ => None,
         };
         let target = load_pipeline(&target_source)?;
@@ -141,6 +151,14 @@ impl LoadedModels {
             target: &self.target_fingerprint,
             draft: self.draft_fingerprint.as_ref(),
         }
+    }
+
+    /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
+    pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<EagleProposer>> {
+        let head = config
+            .eagle_head()
+            .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
+        Ok(Arc::new(EagleProposer::load(&head, &self.target_source, &self.target_fingerprint)?))
     }
 
     /// The judge stack of `config`'s top-level `[[judge]]` tables.
@@ -235,6 +253,28 @@ impl Engine {
             accept_rule: Some(rule.clone()),
         };
         let pipeline = SpeculativePipeline::new(models.target.clone(), draft.clone(), config)?;
+        Ok(Self {
+            mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
+            rule: Some(rule),
+        })
+    }
+
+    /// Speculative decoding with drafts from `proposer` (an EAGLE head): no draft model.
+    pub async fn with_proposer(
+        models: &LoadedModels,
+        proposer: Arc<dyn Proposer>,
+        gamma: usize,
+        stack: JudgeStack,
+        seed: u64,
+        metrics: Arc<Metrics>,
+        max_seqs: usize,
+    ) -> Result<Self> {
+        let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
+        let config = SpeculativeConfig {
+            gamma,
+            accept_rule: Some(rule.clone()),
+        };
+        let pipeline = SpeculativePipeline::with_proposer(models.target.clone(), proposer, config)?;
         Ok(Self {
             mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
             rule: Some(rule),

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use verdict::{
     bench::{self, BenchOptions, Mode},
-    config::Config,
+    config::{Config, ProposerKind},
     datasets,
     engine::{generate, Engine, LoadedModels, Prompt},
     forward_cost,
@@ -246,15 +246,17 @@ async fn build_engine(
 ) -> Result<Engine> {
     let s = &config.speculative;
     if s.enabled {
-        Engine::speculative(
-            models,
-            s.gamma,
-            models.configured_stack(config)?,
-            s.seed,
-            metrics,
-            config.server.max_seqs,
-        )
-        .await
+        let stack = models.configured_stack(config)?;
+        match s.proposer {
+            ProposerKind::DraftModel => {
+                Engine::speculative(models, s.gamma, stack, s.seed, metrics, config.server.max_seqs).await
+            }
+            ProposerKind::Eagle => {
+                let proposer = models.eagle_proposer(config)?;
+                Engine::with_proposer(models, proposer, s.gamma, stack, s.seed, metrics, config.server.max_seqs)
+                    .await
+            }
+        }
     } else {
         Ok(Engine::plain(models, config.server.max_seqs).await)
     }

@@ -18,6 +18,10 @@ pub struct JudgeCounters {
 pub struct Counters {
     /// Speculative steps (one verify forward each).
     pub steps: u64,
+    /// Steps that drafted nothing: a proposer's first step of a request, a plain target
+    /// forward over the prompt (a head needs the target's features before it can draft).
+    #[serde(default)]
+    pub undrafted_steps: u64,
     pub draft_tokens: u64,
     pub accepted_tokens: u64,
     /// Tokens appended to sequences: accepted drafts plus one correction or bonus per step.
@@ -36,12 +40,14 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// τ = 1 + accepted / steps: tokens emitted per verify forward.
+    /// τ = 1 + accepted / steps: tokens emitted per verify forward of γ drafts (steps that
+    /// drafted nothing excluded).
     pub fn mean_acceptance_length(&self) -> f64 {
-        if self.steps == 0 {
+        let steps = self.steps - self.undrafted_steps;
+        if steps == 0 {
             return 0.0;
         }
-        1.0 + self.accepted_tokens as f64 / self.steps as f64
+        1.0 + self.accepted_tokens as f64 / steps as f64
     }
 
     pub fn draft_acceptance_rate(&self) -> f64 {
@@ -71,6 +77,7 @@ impl Counters {
         }
         Counters {
             steps: a.steps + b.steps,
+            undrafted_steps: a.undrafted_steps + b.undrafted_steps,
             draft_tokens: a.draft_tokens + b.draft_tokens,
             accepted_tokens: a.accepted_tokens + b.accepted_tokens,
             emitted_tokens: a.emitted_tokens + b.emitted_tokens,
@@ -106,6 +113,7 @@ impl Counters {
             .collect();
         Counters {
             steps: self.steps - earlier.steps,
+            undrafted_steps: self.undrafted_steps - earlier.undrafted_steps,
             draft_tokens: self.draft_tokens - earlier.draft_tokens,
             accepted_tokens: self.accepted_tokens - earlier.accepted_tokens,
             emitted_tokens: self.emitted_tokens - earlier.emitted_tokens,
@@ -162,6 +170,7 @@ impl Metrics {
     pub fn record_step(&self, report: &StepReport) {
         let mut c = self.lock();
         c.steps += 1;
+        c.undrafted_steps += (report.drafted == 0) as u64;
         c.draft_tokens += report.drafted as u64;
         c.accepted_tokens += report.accepted as u64;
         c.emitted_tokens += report.emitted as u64;
@@ -302,6 +311,11 @@ mod tests {
         assert_eq!(c.draft_acceptance_rate(), 5.0 / 8.0);
         assert_eq!(c.accepted_per_position, vec![2, 1, 1, 1]);
         assert_eq!(c.emitted_tokens, 7);
+        // A proposer's prompt step drafts nothing and leaves τ alone.
+        metrics.record_step(&report(0, 0));
+        let c = metrics.snapshot();
+        assert_eq!(c.mean_acceptance_length(), 1.0 + 5.0 / 2.0);
+        assert_eq!((c.steps, c.undrafted_steps), (3, 1));
     }
 
     #[test]

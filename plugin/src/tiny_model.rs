@@ -264,3 +264,43 @@ pub fn write_tiny_model_perturbed(
     )?;
     Ok(())
 }
+
+/// Write a random EAGLE-3 head for the tiny target of `spec` into `dir` (seeded, so a test
+/// sees the same head every run): drafting over `draft_vocab` (target ids, ascending),
+/// fusing the inputs of target layers `aux_layers` (1..=layers).
+pub fn write_tiny_eagle3_head(
+    spec: &TinySpec,
+    dir: &Path,
+    draft_vocab: &[u32],
+    aux_layers: [usize; 3],
+    seed: u64,
+) -> Result<()> {
+    use candle_nn::{VarBuilder, VarMap};
+    use verdict_heads::{eagle3::save_checkpoint, Eagle3Config, Eagle3Head};
+
+    let config: Eagle3Config = serde_json::from_value(json!({
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "vocab_size": vocab(spec).len(),
+        "draft_vocab_size": draft_vocab.len(),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layers},
+    }))?;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    Eagle3Head::new(config.clone(), vb, Some(draft_vocab.to_vec()))?;
+    let mut rng = Lcg(seed);
+    let vars = varmap.data().lock().unwrap();
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort();
+    for name in names {
+        let var = &vars[name];
+        // Matrices N(0, 1/fan_in); norm weights stay 1.
+        if let [rows, cols] = var.dims() {
+            var.set(&rng.tensor(&[*rows, *cols], (*cols as f32).powf(-0.5))?)?;
+        }
+    }
+    drop(vars);
+    save_checkpoint(dir, &config, &varmap, Some(draft_vocab))
+}

@@ -39,15 +39,18 @@ pub struct Drafts {
 #[derive(Default)]
 pub struct SequenceDrafter {
     cache: HeadCache,
+    /// Position of the cache's first entry: non-zero when the target's first forward started
+    /// past a prefix it had cached (a prefix-cache hit), whose features the head never saw.
+    offset: usize,
     /// The last committed row's output (the hidden input of the second draft) and logits
     /// (the first draft's).
     last_row: Option<(Tensor, Tensor)>,
 }
 
 impl SequenceDrafter {
-    /// Committed positions the head's cache holds.
+    /// The position after the last committed one the head's cache holds.
     pub fn committed_len(&self) -> usize {
-        self.cache.len()
+        self.offset + self.cache.len()
     }
 
     /// Take the target's features of positions `start..start + n` (fused input rows, or the
@@ -64,49 +67,57 @@ impl SequenceDrafter {
     ) -> Result<()> {
         let n = aux.dim(0)?;
         ensure!(n == next_tokens.len(), "{n} feature rows but {} next tokens", next_tokens.len());
+        if self.cache.is_empty() {
+            self.offset = start;
+        }
         ensure!(
-            start <= self.cache.len(),
-            "features start at position {start} but the head's cache holds only {}",
-            self.cache.len()
+            (self.offset..=self.committed_len()).contains(&start),
+            "features start at position {start} but the head's cache holds positions {}..{}",
+            self.offset,
+            self.committed_len()
         );
         if n == 0 {
             return Ok(());
         }
-        self.cache.truncate(start)?;
+        self.cache.truncate(start - self.offset)?;
         let fused = head.fuse(aux)?;
-        let out = head.forward(&embeddings.embed(next_tokens)?, &fused, start, &mut self.cache)?;
+        // The head sees positions counted from its cache's first entry: RoPE only sees
+        // relative positions, so the offset changes nothing it computes.
+        let out = head.forward(&embeddings.embed(next_tokens)?, &fused, start - self.offset, &mut self.cache)?;
         self.last_row = Some((out.hidden.narrow(0, n - 1, 1)?, out.logits.narrow(0, n - 1, 1)?));
         Ok(())
     }
 
-    /// Draft `gamma` tokens greedily after the token that follows the last committed
-    /// position (that row was fed it, so its logits are the first draft's). The cache is
-    /// left as it was: drafted positions are scratch.
+    /// Draft `gamma` tokens after the token that follows the last committed position (that
+    /// row was fed it, so its logits are the first draft's), each drawn by `sample` from its
+    /// full-vocabulary row. The cache is left as it was: drafted positions are scratch.
     pub fn draft(
         &mut self,
         head: &Eagle3Head,
         embeddings: &dyn TokenEmbeddings,
         gamma: usize,
         vocab_size: usize,
+        sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
-        let committed = self.cache.len();
+        let cached = self.cache.len();
         let Some((mut hidden, mut logits)) = self.last_row.clone() else {
             anyhow::bail!("the head has no committed target features to draft from");
         };
         let mut tokens = Vec::with_capacity(gamma);
         let mut rows = Vec::with_capacity(gamma);
         for step in 0..gamma {
-            let token = head.greedy_target_id(&logits.squeeze(0)?)?;
-            rows.push(self.full_vocab_row(head, &logits, vocab_size)?);
+            let row = self.full_vocab_row(head, &logits, vocab_size)?;
+            let token = sample(&row.squeeze(0)?)?;
+            rows.push(row);
             tokens.push(token);
             if step + 1 == gamma {
                 break;
             }
-            let out = head.forward(&embeddings.embed(&[token])?, &hidden, committed + step, &mut self.cache)?;
+            let out = head.forward(&embeddings.embed(&[token])?, &hidden, cached + step, &mut self.cache)?;
             hidden = out.hidden;
             logits = out.logits;
         }
-        self.cache.truncate(committed)?;
+        self.cache.truncate(cached)?;
         Ok(Drafts {
             tokens,
             logits: Tensor::cat(&rows, 0)?,
@@ -149,6 +160,10 @@ mod tests {
         (head, DenseEmbeddings(embeddings))
     }
 
+    fn greedy(row: &Tensor) -> Result<u32> {
+        Ok(row.argmax(D::Minus1)?.to_scalar::<u32>()?)
+    }
+
     fn features(n: usize) -> Tensor {
         Tensor::randn(0f32, 1.0, (n, 3 * HIDDEN), &Device::Cpu).unwrap()
     }
@@ -158,9 +173,9 @@ mod tests {
         let (head, embeddings) = head_and_embeddings();
         let mut drafter = SequenceDrafter::default();
         drafter.commit(&head, &embeddings, 0, &features(5), &[1, 2, 3, 4, 5]).unwrap();
-        let first = drafter.draft(&head, &embeddings, 4, VOCAB).unwrap();
+        let first = drafter.draft(&head, &embeddings, 4, VOCAB, &mut greedy).unwrap();
         assert_eq!(drafter.committed_len(), 5);
-        let again = drafter.draft(&head, &embeddings, 4, VOCAB).unwrap();
+        let again = drafter.draft(&head, &embeddings, 4, VOCAB, &mut greedy).unwrap();
         assert_eq!(first.tokens, again.tokens);
         assert_eq!(first.logits.dims(), &[4, VOCAB]);
     }
@@ -172,14 +187,14 @@ mod tests {
         let next = [7u32, 8, 9, 10, 11, 12];
         let mut at_once = SequenceDrafter::default();
         at_once.commit(&head, &embeddings, 0, &aux, &next).unwrap();
-        let expected = at_once.draft(&head, &embeddings, 3, VOCAB).unwrap();
+        let expected = at_once.draft(&head, &embeddings, 3, VOCAB, &mut greedy).unwrap();
 
         let mut stepwise = SequenceDrafter::default();
         stepwise.commit(&head, &embeddings, 0, &aux.narrow(0, 0, 4).unwrap(), &next[..4]).unwrap();
         // A verify that computed positions 4.. with other features and tokens, rolled back.
         stepwise.commit(&head, &embeddings, 4, &features(2), &[1, 1]).unwrap();
         stepwise.commit(&head, &embeddings, 4, &aux.narrow(0, 4, 2).unwrap(), &next[4..]).unwrap();
-        let got = stepwise.draft(&head, &embeddings, 3, VOCAB).unwrap();
+        let got = stepwise.draft(&head, &embeddings, 3, VOCAB, &mut greedy).unwrap();
         assert_eq!(got.tokens, expected.tokens);
         let diff = (got.logits - &expected.logits).unwrap();
         // −∞ − −∞ is NaN outside the draft vocabulary: compare the finite columns.
@@ -192,7 +207,7 @@ mod tests {
         let (head, embeddings) = head_and_embeddings();
         let mut drafter = SequenceDrafter::default();
         drafter.commit(&head, &embeddings, 0, &features(3), &[4, 5, 6]).unwrap();
-        let drafts = drafter.draft(&head, &embeddings, 3, VOCAB).unwrap();
+        let drafts = drafter.draft(&head, &embeddings, 3, VOCAB, &mut greedy).unwrap();
         let best: Vec<u32> = drafts.logits.argmax(D::Minus1).unwrap().to_vec1().unwrap();
         assert_eq!(best, drafts.tokens);
         for (row, token) in drafts.logits.to_vec2::<f32>().unwrap().iter().zip(&drafts.tokens) {
@@ -202,9 +217,29 @@ mod tests {
     }
 
     #[test]
+    fn a_first_commit_past_position_zero_drafts_as_one_at_zero() {
+        let (head, embeddings) = head_and_embeddings();
+        let aux = features(4);
+        let next = [3u32, 5, 7, 9];
+        let mut at_zero = SequenceDrafter::default();
+        at_zero.commit(&head, &embeddings, 0, &aux, &next).unwrap();
+        let mut after_prefix = SequenceDrafter::default();
+        after_prefix.commit(&head, &embeddings, 10, &aux, &next).unwrap();
+        assert_eq!(after_prefix.committed_len(), 14);
+        let a = at_zero.draft(&head, &embeddings, 3, VOCAB, &mut greedy).unwrap();
+        let b = after_prefix.draft(&head, &embeddings, 3, VOCAB, &mut greedy).unwrap();
+        assert_eq!(a.tokens, b.tokens);
+        // Positions past the prefix roll back like any others.
+        after_prefix.commit(&head, &embeddings, 12, &features(1), &[2]).unwrap();
+        assert_eq!(after_prefix.committed_len(), 13);
+        assert!(after_prefix.commit(&head, &embeddings, 9, &features(1), &[1]).is_err());
+        assert!(after_prefix.commit(&head, &embeddings, 15, &features(1), &[1]).is_err());
+    }
+
+    #[test]
     fn drafting_before_any_features_is_an_error() {
         let (head, embeddings) = head_and_embeddings();
-        let err = SequenceDrafter::default().draft(&head, &embeddings, 2, VOCAB);
+        let err = SequenceDrafter::default().draft(&head, &embeddings, 2, VOCAB, &mut greedy);
         assert!(err.is_err());
     }
 }

@@ -3,3 +3,4 @@
 
 pub mod eagle;
 pub mod embeddings;
+pub mod eagle_proposer;

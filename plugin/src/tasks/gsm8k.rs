@@ -64,11 +64,15 @@ The final answer is 35.
 
 Problem: ";
 
+/// Repeated after the problem: far from the instruction at the top, the target ended 2–3 % of
+/// test answers with a sentence like "So, John paid $360." and no committed line.
+const REMINDER: &str = "(Plain text, no code. Last line: \"The final answer is <number>.\")";
+
 /// "final answer is N" (N possibly in `$…$`, `\(…\)`, bold or `\boxed{…}`), or a bare
 /// `\boxed{N}`: the two ways the model commits to an answer.
 static FINAL_ANSWER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)(?:final answer is[:\s]*(?:\*\*)?\s*(?:\\\(|\\\[|\$)?\s*(?:\\boxed\{)?|\\boxed\{)\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)",
+        r"(?i)(?:final answer is[:\s]*(?:\*\*)?\s*(?:\\\(|\\\[|\$)?\s*(?:\\boxed\{)?|\\boxed\{)\s*(-)?\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)",
     )
     .unwrap()
 });
@@ -103,7 +107,7 @@ impl TaskAdapter for Gsm8k {
     /// tokens; with these examples it reasoned in plain text and committed an answer on 16 of
     /// 16 (mean 130 tokens, longest 351). See README "GSM8K evaluation".
     fn prompt(&self, problem: &Problem) -> String {
-        format!("{FEW_SHOT_PROMPT}{}\nSolution:", problem.question.trim())
+        format!("{FEW_SHOT_PROMPT}{}\n{REMINDER}\nSolution:", problem.question.trim())
     }
 
     /// The committed answer; failing that, the last number.
@@ -121,7 +125,7 @@ impl TaskAdapter for Gsm8k {
         FINAL_ANSWER
             .captures_iter(response)
             .last()
-            .map(|c| c[1].to_string())
+            .map(|c| format!("{}{}", c.get(1).map_or("", |m| m.as_str()), &c[2]))
     }
 
     fn is_correct(&self, problem: &Problem, response: &str) -> bool {
@@ -190,6 +194,10 @@ mod tests {
         ] {
             assert_eq!(Gsm8k.committed_answer(r).as_deref(), Some("180"), "{r}");
         }
+        // A minus sign before the dollar sign (the target wrote "-$7" on test problem 1169).
+        for r in ["The final answer is -$7.", "The final answer is $-7", "The final answer is -7."] {
+            assert_eq!(Gsm8k.committed_answer(r).as_deref(), Some("-7"), "{r}");
+        }
     }
 
     #[test]
@@ -211,8 +219,8 @@ mod tests {
             answer: String::new(),
         });
         assert!(prompt.starts_with("Solve the math problem."));
-        assert_eq!(prompt.matches("The final answer is").count(), 3);
-        assert!(prompt.ends_with("Problem: How many legs do 3 cats have?\nSolution:"), "{prompt}");
+        assert_eq!(prompt.matches("The final answer is").count(), 4);
+        assert!(prompt.ends_with(&format!("Problem: How many legs do 3 cats have?\n{REMINDER}\nSolution:")), "{prompt}");
     }
 
     #[test]

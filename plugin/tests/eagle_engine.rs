@@ -1,0 +1,330 @@
+//! The proposer hook of the patched pipeline on tiny generated targets: drafts from an EAGLE-3
+//! head (no draft model loaded) or from a scripted proposer; greedy lossless output is the
+//! plain target's token for token, and the target's and proposer's caches hold every
+//! committed position but the last after each step.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use candle_core::{Device, Tensor};
+use common::{prompts, spec};
+use mistralrs_core::speculative_hook::{Proposer, StepReport, TargetFeatures};
+use verdict::{
+    config::Config,
+    engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt},
+    judge::JudgeStack,
+    metrics::Metrics,
+    rules::BaseRule,
+    tiny_model::{vocab, words, write_tiny_eagle3_head, write_tiny_model, TinyArch, TinySpec, FIRST_WORD_ID},
+};
+
+const MAX_TOKENS: usize = 40;
+
+fn eagle_config(dir: &Path, gamma: usize) -> Config {
+    Config::from_toml(&format!(
+        "[models]\ntarget = {:?}\n[speculative]\nproposer = \"eagle\"\neagle_head = {:?}\ngamma = {gamma}\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n",
+        dir.join("target").to_str().unwrap(),
+        dir.join("head").to_str().unwrap(),
+    ))
+    .unwrap()
+}
+
+fn many_prompts() -> Vec<String> {
+    let mut all = prompts();
+    all.extend((0..9).map(|i| words(&[i * 5 % 56, (i * 11 + 3) % 56, 20 + i])));
+    all
+}
+
+/// A plain greedy completion: its text, its token ids, whether it stopped at EOS.
+struct PlainRun {
+    text: String,
+    ids: Vec<u32>,
+    stopped: bool,
+}
+
+/// Plain greedy completions of the target for `prompts`.
+fn plain_runs(models: &LoadedModels, config: &Config, prompts: &[String]) -> Vec<PlainRun> {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let plain = Engine::plain(models, 1).await;
+        let mut out = Vec::new();
+        for p in prompts {
+            let g = generate_with_top_tokens(&plain.mistralrs, &Prompt::Text(p.clone()), &config.sampling, 1)
+                .await
+                .unwrap();
+            // Greedy: each position's best candidate is the emitted token.
+            let ids = g.top_tokens.iter().map(|(_, best)| best[0].0).collect();
+            out.push(PlainRun { text: g.text, ids, stopped: g.finish_reason == "stop" });
+        }
+        out
+    })
+}
+
+/// Texts and step reports of speculative decoding with `proposer`, for each lossless rule.
+fn speculative_texts(
+    models: &LoadedModels,
+    config: &Config,
+    proposer: impl Fn() -> Arc<dyn Proposer>,
+    prompts: &[String],
+) -> Vec<(BaseRule, Vec<String>, Vec<StepReport>)> {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut all = Vec::new();
+        for base in [BaseRule::Exact, BaseRule::Rejection] {
+            let engine = Engine::with_proposer(
+                models,
+                proposer(),
+                config.speculative.gamma,
+                JudgeStack::lossless(base),
+                0,
+                Arc::new(Metrics::default()),
+                1,
+            )
+            .await
+            .unwrap();
+            let rule = engine.rule.clone().unwrap();
+            rule.record_steps();
+            let mut texts = Vec::new();
+            for p in prompts {
+                let g = generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling)
+                    .await
+                    .unwrap();
+                rule.settle().await;
+                texts.push(g.text);
+            }
+            all.push((base, texts, rule.recorded_steps()));
+        }
+        all
+    })
+}
+
+/// After every unfinished step both caches hold the committed tokens but the newest, which
+/// the next verify forward feeds.
+fn assert_cache_lengths(base: BaseRule, steps: &[StepReport]) {
+    for (i, s) in steps.iter().enumerate().filter(|(_, s)| !s.finished) {
+        assert_eq!(s.target_cache_len, s.seq_len - 1, "{base:?} step {i}: {s:?}");
+        assert_eq!(s.draft_cache_len, s.seq_len - 1, "{base:?} step {i}: {s:?}");
+        assert_eq!(s.emitted, s.accepted + 1, "{base:?} step {i}: {s:?}");
+    }
+    // A finished sequence's proposer state is dropped.
+    for (i, s) in steps.iter().enumerate().filter(|(_, s)| s.finished) {
+        assert_eq!(s.draft_cache_len, 0, "{base:?} step {i}: {s:?}");
+    }
+}
+
+fn outcomes(steps: &[StepReport]) -> (usize, usize) {
+    let drafting = steps.iter().filter(|s| s.drafted > 0 && !s.finished);
+    let (partial, full): (Vec<_>, Vec<_>) = drafting.partition(|s| s.accepted < s.drafted);
+    (partial.len(), full.len())
+}
+
+#[test]
+fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Llama, 11);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let config = eagle_config(dir.path(), 1);
+    let models = LoadedModels::load(&config).unwrap();
+    assert!(models.draft.is_none(), "an EAGLE head needs no draft model");
+    let prompts = many_prompts();
+    let plain = plain_runs(&models, &config, &prompts);
+    // The draft vocabulary: the 4 tokens the target writes most, so that a random head's
+    // drafts are sometimes right.
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for run in &plain {
+        for &id in &run.ids {
+            *counts.entry(id).or_default() += 1;
+        }
+    }
+    let mut by_count: Vec<(u32, usize)> = counts.into_iter().collect();
+    by_count.sort_by_key(|&(id, n)| (std::cmp::Reverse(n), id));
+    let mut draft_vocab: Vec<u32> = by_count.iter().take(4).map(|&(id, _)| id).collect();
+    draft_vocab.sort();
+    write_tiny_eagle3_head(&s, &dir.path().join("head"), &draft_vocab, [1, 2, 2], 7).unwrap();
+    let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
+
+    // γ = 1 keeps or refuses the one draft (a random head rarely gets two right in a row);
+    // γ = 3 drafts from the head's own outputs past the committed positions.
+    for gamma in [1, 3] {
+        let config = eagle_config(dir.path(), gamma);
+        let proposer = models.eagle_proposer(&config).unwrap();
+        let runs = speculative_texts(&models, &config, || proposer.clone(), &prompts);
+        for (base, texts, steps) in runs {
+            assert_eq!(texts, plain, "{base:?}, γ {gamma}: the EAGLE head's output differs from plain decoding");
+            assert_cache_lengths(base, &steps);
+            assert_eq!(proposer.live_sequences(), 0, "finished sequences left drafting state behind");
+            if gamma == 1 {
+                let (partial, full) = outcomes(&steps);
+                assert!(partial > 0 && full > 0, "{base:?}: {partial} refused and {full} kept drafts");
+            }
+        }
+    }
+}
+
+/// Drafts the target's known plain continuation, with one draft spoiled every `spoil_every`
+/// steps, so a test decides which steps keep every draft.
+struct ScriptedProposer {
+    completions: Vec<Vec<u32>>,
+    vocab: usize,
+    spoil_every: Option<usize>,
+    /// seq id → (completion index, prompt length, committed length).
+    sequences: Mutex<HashMap<usize, (usize, usize, usize)>>,
+    steps: Mutex<usize>,
+}
+
+impl Proposer for ScriptedProposer {
+    fn target_layers(&self) -> Vec<usize> {
+        vec![0]
+    }
+
+    fn observe_target(&self, f: &TargetFeatures<'_>) -> candle_core::Result<()> {
+        let rows = f.layers[0].1.dim(0)?;
+        assert_eq!(rows, f.next_tokens.len());
+        let mut sequences = self.sequences.lock().unwrap();
+        let started = sequences.len();
+        let entry = sequences.entry(f.seq_id).or_insert((started, f.start + rows, 0));
+        entry.2 = f.start + rows + 1;
+        Ok(())
+    }
+
+    fn propose(
+        &self,
+        seq_id: usize,
+        gamma: usize,
+        sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
+    ) -> candle_core::Result<(Vec<u32>, Tensor)> {
+        let (which, prompt_len, committed) = self.sequences.lock().unwrap()[&seq_id];
+        let done = committed - prompt_len;
+        let mut step = self.steps.lock().unwrap();
+        *step += 1;
+        let spoil = self.spoil_every.is_some_and(|k| *step % k == 0);
+        let mut tokens = Vec::new();
+        let mut rows = Vec::new();
+        for i in 0..gamma {
+            let mut token = self.completions[which].get(done + i).copied().unwrap_or(FIRST_WORD_ID as u32);
+            if spoil && i == gamma / 2 {
+                token = if token == FIRST_WORD_ID as u32 { token + 1 } else { FIRST_WORD_ID as u32 };
+            }
+            let mut row = vec![f32::NEG_INFINITY; self.vocab];
+            row[token as usize] = 0.0;
+            let row = Tensor::new(row, &Device::Cpu)?;
+            tokens.push(sample(&row)?);
+            rows.push(row.unsqueeze(0)?);
+        }
+        Ok((tokens, Tensor::cat(&rows, 0)?))
+    }
+
+    fn release(&self, seq_id: usize) {
+        if let Some(s) = self.sequences.lock().unwrap().get_mut(&seq_id) {
+            s.2 = 0;
+        }
+    }
+
+    fn cache_len(&self, seq_id: usize) -> usize {
+        self.sequences.lock().unwrap().get(&seq_id).map_or(0, |s| s.2.saturating_sub(1))
+    }
+}
+
+fn scripted(plain: &[PlainRun], s: &TinySpec, spoil_every: Option<usize>) -> Arc<dyn Proposer> {
+    // The tiny models' EOS: `<|im_end|>` (3) with an EOS word, else `<|endoftext|>`.
+    let eos = if s.eos_word.is_some() { 3 } else { 1 };
+    Arc::new(ScriptedProposer {
+        completions: plain
+            .iter()
+            .map(|run| {
+                let mut ids = run.ids.clone();
+                if run.stopped && ids.last() != Some(&eos) {
+                    ids.push(eos);
+                }
+                ids
+            })
+            .collect(),
+        vocab: vocab(s).len(),
+        spoil_every,
+        sequences: Mutex::new(HashMap::new()),
+        steps: Mutex::new(0),
+    })
+}
+
+#[test]
+fn a_proposer_step_keeps_both_caches_at_the_committed_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Qwen2, 5);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let config = eagle_config(dir.path(), 3);
+    let models = LoadedModels::load(&config).unwrap();
+    let prompts = prompts();
+    let plain = plain_runs(&models, &config, &prompts);
+    let runs = speculative_texts(&models, &config, || scripted(&plain, &s, Some(3)), &prompts);
+    let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
+    for (base, texts, steps) in runs {
+        assert_eq!(texts, plain, "{base:?}");
+        assert_cache_lengths(base, &steps);
+        // The prompt step drafts nothing; every sequence has exactly one.
+        assert_eq!(steps.iter().filter(|s| s.drafted == 0).count(), prompts.len(), "{base:?}");
+        let (partial, full) = outcomes(&steps);
+        assert!(partial > 0 && full > 0, "{base:?}: {partial} partial and {full} full acceptances");
+    }
+}
+
+#[test]
+fn an_eos_among_a_proposers_drafts_ends_the_sequence_there() {
+    const GAMMA: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = prompts()[0].clone();
+    // A target whose greedy output meets a new word at a position a kept draft fills (the
+    // prompt step emits 1 token, then each step γ drafts and a bonus token); that word
+    // becomes the EOS.
+    let (s, eos_position) = (20..60)
+        .find_map(|seed| {
+            let probe = dir.path().join(format!("probe{seed}"));
+            let s = spec(TinyArch::Llama, seed);
+            write_tiny_model(&s, &probe.join("target")).unwrap();
+            let config = eagle_config(&probe, GAMMA);
+            let models = LoadedModels::load(&config).unwrap();
+            let ids = plain_runs(&models, &config, &[prompt.clone()]).remove(0).ids;
+            (5..ids.len())
+                .find(|&p| {
+                    ids[p] as usize >= FIRST_WORD_ID && !ids[..p].contains(&ids[p]) && (p - 1) % (GAMMA + 1) != GAMMA
+                })
+                .map(|p| {
+                    let mut s = s;
+                    s.eos_word = Some(ids[p] as usize - FIRST_WORD_ID);
+                    (s, p)
+                })
+        })
+        .expect("some seed gives a long enough greedy output");
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let config = eagle_config(dir.path(), GAMMA);
+    let models = LoadedModels::load(&config).unwrap();
+    let plain = plain_runs(&models, &config, &[prompt.clone()]);
+    assert!(plain[0].stopped, "plain decoding stops at the new EOS: {:?}", plain[0].text);
+    assert_eq!(plain[0].ids[..eos_position].len(), eos_position);
+    assert!(plain[0].ids.len() <= eos_position + 1, "{:?}", plain[0].ids);
+    let runs = speculative_texts(&models, &config, || scripted(&plain, &s, None), &[prompt]);
+    for (base, texts, steps) in runs {
+        assert_eq!(texts[0], plain[0].text, "{base:?}");
+        assert_cache_lengths(base, &steps);
+        let last = steps.last().unwrap();
+        assert!(last.finished, "{base:?}: {last:?}");
+        assert!(last.accepted < last.drafted, "{base:?}: the EOS must cut the kept drafts short: {last:?}");
+    }
+}
+
+#[test]
+fn a_head_for_another_target_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Llama, 3);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let mut wider = s.clone();
+    wider.hidden_size = 48;
+    wider.intermediate_size = 64;
+    write_tiny_eagle3_head(&wider, &dir.path().join("head"), &[8, 9, 10], [1, 2, 2], 1).unwrap();
+    let config = eagle_config(dir.path(), 2);
+    let models = LoadedModels::load(&config).unwrap();
+    let err = format!("{:#}", models.eagle_proposer(&config).err().unwrap());
+    assert!(err.contains("hidden size 48") && err.contains("hidden size 32"), "{err}");
+}
