@@ -80,6 +80,16 @@ impl MistralEngines {
             .draft
             .as_ref()
             .context("mining needs a draft model (models.draft, speculative.enabled = true)")?;
+        Self::over(models, draft.clone())
+    }
+
+    /// Engines for work that reads the target alone (EAGLE features): the draft slot runs
+    /// the target too, so nothing asked of [`Model::Draft`] means a second model.
+    pub fn target_only(models: &LoadedModels) -> Result<Self> {
+        Self::over(models, models.target.clone())
+    }
+
+    fn over(models: &LoadedModels, draft: SharedPipeline) -> Result<Self> {
         let (tokenizer, eos) = {
             let target = models.target.blocking_lock();
             let tokenizer = target
@@ -105,7 +115,7 @@ impl MistralEngines {
                 draft: models
                     .draft_fingerprint
                     .clone()
-                    .context("the draft has no fingerprint")?,
+                    .unwrap_or_else(|| models.target_fingerprint.clone()),
             },
             last_draft_cached: 0,
             prompts: HashMap::new(),

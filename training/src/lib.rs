@@ -6,6 +6,9 @@
 //! grid, threshold table) → a `verdict_heads::LogisticHead` file.
 
 pub mod autojudge_head;
+pub mod eagle_adamw;
+pub mod eagle_capture;
+pub mod eagle_fit;
 pub mod eagle_loss;
 pub mod engine;
 pub mod features;

@@ -1,0 +1,127 @@
+//! `train-head eagle`'s pieces on a tiny generated target: features captured through the real
+//! pipeline, a head that learns them, a killed run that resumes to the same parameters, and
+//! a saved head that the runtime loads with the trainer's logits.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use verdict::{
+    config::Config,
+    engine::LoadedModels,
+    proposers::eagle_proposer::target_embeddings,
+    tiny_model::{write_tiny_model, TinyArch, TinySpec},
+};
+use verdict_heads::{Eagle3Config, Eagle3Head};
+use verdict_training::{
+    eagle_capture::{capture_sequence, features_path, SequenceFeatures},
+    eagle_fit::{draft_vocabulary, EagleFitOptions, EagleTrainer},
+    engine::{MistralEngines, Model},
+};
+
+const LAYERS: [usize; 3] = [0, 1, 1];
+
+/// Features of the tiny target's greedy responses to 12 prompts, in `dir/features`.
+fn captured(dir: &Path) -> (LoadedModels, Vec<PathBuf>, Vec<Vec<u32>>) {
+    let spec = TinySpec::new(TinyArch::Llama, 11);
+    write_tiny_model(&spec, &dir.join("target")).unwrap();
+    let config = Config::from_toml(&format!(
+        "[models]\ntarget = {:?}\n[speculative]\nenabled = false\n",
+        dir.join("target").to_str().unwrap()
+    ))
+    .unwrap();
+    let models = LoadedModels::load(&config).unwrap();
+    let mut engines = MistralEngines::target_only(&models).unwrap();
+    let features = dir.join("features");
+    std::fs::create_dir_all(&features).unwrap();
+    let (mut files, mut responses) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        // Token ids of words: 7 + word index (the tiny vocabulary's layout).
+        let prompt: Vec<u32> = [i, (i * 7 + 3) % 50, 20 + i].iter().map(|w| 7 + *w as u32).collect();
+        let response = engines.greedy(Model::Target, &prompt, 24).unwrap();
+        let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
+        let f = capture_sequence(&mut engines, &tokens, prompt.len(), &LAYERS).unwrap();
+        assert_eq!(f.aux.dims(), &[tokens.len(), 3 * spec.hidden_size]);
+        let path = features_path(&features, i);
+        f.save(&path).unwrap();
+        files.push(path);
+        responses.push(response);
+    }
+    (models, files, responses)
+}
+
+fn head_config(vocab_size: usize, draft_vocab: usize) -> Eagle3Config {
+    serde_json::from_value(serde_json::json!({
+        "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": vocab_size, "draft_vocab_size": draft_vocab,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 2]},
+    }))
+    .unwrap()
+}
+
+fn options(epochs: usize) -> EagleFitOptions {
+    EagleFitOptions {
+        ttt_steps: 3,
+        epochs,
+        lr: 3e-3,
+        batch: 3,
+        checkpoint_secs: 3600,
+        seed: 5,
+        ..EagleFitOptions::default()
+    }
+}
+
+fn params(trainer: &EagleTrainer) -> Vec<(String, Vec<f32>)> {
+    let vars = trainer.varmap.data().lock().unwrap();
+    let mut all: Vec<(String, Vec<f32>)> = vars
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+#[test]
+fn a_head_learns_the_targets_features_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (models, files, responses) = captured(dir.path());
+    let vocab_size = models.target_fingerprint.vocab_size;
+    let used = draft_vocabulary(&responses, 16, &[], vocab_size).unwrap();
+    let embeddings = target_embeddings(&models.target_source).unwrap();
+    let config = head_config(vocab_size, used.len());
+
+    // Uninterrupted: 4 epochs over the 12 problems.
+    let mut whole = EagleTrainer::new(config.clone(), used.clone(), embeddings.clone(), options(4), &dir.path().join("a")).unwrap();
+    let before = whole.validate(&files).unwrap();
+    assert!(whole.fit(&files, &files, &dir.path().join("a")).unwrap());
+    let after = whole.progress.validation.last().unwrap().clone();
+    assert!(
+        after[0] > before[0] + 0.2,
+        "step-0 accuracy on the training problems went from {before:?} to {after:?}"
+    );
+
+    // Killed after 5 updates (mid-epoch), then resumed from its checkpoint in a new trainer.
+    let ckpt = dir.path().join("b");
+    let mut first = EagleTrainer::new(config.clone(), used.clone(), embeddings.clone(), EagleFitOptions { stop_after_updates: Some(5), ..options(4) }, &ckpt).unwrap();
+    assert!(!first.fit(&files, &files, &ckpt).unwrap());
+    drop(first);
+    let mut resumed = EagleTrainer::new(config, used.clone(), embeddings, options(4), &ckpt).unwrap();
+    assert_eq!(resumed.progress.updates, 5);
+    assert!(resumed.fit(&files, &files, &ckpt).unwrap());
+    assert_eq!(params(&resumed), params(&whole), "a resumed run ends elsewhere than an uninterrupted one");
+    assert_eq!(resumed.progress.validation, whole.progress.validation);
+
+    // The saved head loads in the runtime and computes the trainer's logits.
+    let out = dir.path().join("head");
+    whole.save_head(&out).unwrap();
+    let loaded = Eagle3Head::load(&out, &Device::Cpu).unwrap();
+    let f = SequenceFeatures::load(&files[0]).unwrap();
+    let aux = f.aux.to_dtype(candle_core::DType::F32).unwrap();
+    let embeds = Tensor::randn(0f32, 1.0, (f.len(), 32), &Device::Cpu).unwrap();
+    let a = whole.head.forward_ttt(&aux, &[embeds.clone()]).unwrap();
+    let b = loaded.forward_ttt(&aux, &[embeds]).unwrap();
+    let gap = (&a[0].logits - &b[0].logits).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(gap < 1e-5, "loaded head's logits differ by {gap}");
+    for (d, &t) in used.iter().enumerate() {
+        assert_eq!(loaded.target_id(d as u32), t);
+    }
+}
