@@ -31,7 +31,7 @@ pub struct Eagle3Config {
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     /// Defaults to `hidden_size / num_attention_heads`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<usize>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
@@ -42,7 +42,7 @@ pub struct Eagle3Config {
     /// The target's vocabulary.
     pub vocab_size: usize,
     /// Rows of the head's own LM head; absent means the full vocabulary (no d2t map).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_vocab_size: Option<usize>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
@@ -51,9 +51,9 @@ pub struct Eagle3Config {
     #[serde(default = "one")]
     pub num_hidden_layers: usize,
     /// Width of the target's hidden states when it differs from the head's.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_hidden_size: Option<usize>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eagle_config: Option<EagleConfig>,
     #[serde(default = "default_model_type")]
     pub model_type: String,
@@ -527,15 +527,13 @@ pub fn save_checkpoint(
     config: &Eagle3Config,
     varmap: &candle_nn::VarMap,
     draft_to_target: Option<&[u32]>,
+    dtype: DType,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut tensors: std::collections::HashMap<String, Tensor> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
-        .collect();
+    let mut tensors = std::collections::HashMap::new();
+    for (name, var) in varmap.data().lock().unwrap().iter() {
+        tensors.insert(name.clone(), var.as_tensor().to_dtype(dtype)?);
+    }
     if let Some(used) = draft_to_target {
         let (d2t, t2d) = vocab_maps(used, config.vocab_size);
         tensors.insert("d2t".into(), Tensor::new(d2t.as_slice(), &Device::Cpu)?);
@@ -619,7 +617,7 @@ mod tests {
             }
         }
         let dir = tempfile::tempdir().unwrap();
-        save_checkpoint(dir.path(), config, &varmap, used).unwrap();
+        save_checkpoint(dir.path(), config, &varmap, used, DType::F32).unwrap();
         (dir, varmap)
     }
 

@@ -149,13 +149,14 @@ pub struct JudgeSummary {
     pub ms_per_step: f64,
 }
 
-fn checkpoint_path(out: &Path) -> PathBuf {
+/// The runs file (`<out>.runs.jsonl`) a bench run appends to and resumes from.
+pub fn checkpoint_path(out: &Path) -> PathBuf {
     let mut name = out.file_name().unwrap_or_default().to_os_string();
     name.push(".runs.jsonl");
     out.with_file_name(name)
 }
 
-fn load_checkpoint(path: &Path) -> Result<Vec<Run>> {
+pub fn load_checkpoint(path: &Path) -> Result<Vec<Run>> {
     if !path.exists() {
         return Ok(Vec::new());
     }

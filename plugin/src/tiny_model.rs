@@ -302,5 +302,5 @@ pub fn write_tiny_eagle3_head(
         }
     }
     drop(vars);
-    save_checkpoint(dir, &config, &varmap, Some(draft_vocab))
+    save_checkpoint(dir, &config, &varmap, Some(draft_vocab), DType::F32)
 }

@@ -388,9 +388,10 @@ impl EagleTrainer {
         Ok(hits.iter().zip(&counted).map(|(h, c)| h / c.max(1.0)).collect())
     }
 
-    /// The head in the layout other engines load (`config.json`, `model.safetensors`).
-    pub fn save_head(&self, dir: &Path) -> Result<()> {
-        save_checkpoint(dir, &self.config, &self.varmap, Some(&self.draft_vocab))
+    /// The head in the layout other engines load (`config.json`, `model.safetensors`), its
+    /// matrices stored as `dtype` (f16 halves the file; the runtime computes in f32).
+    pub fn save_head(&self, dir: &Path, dtype: DType) -> Result<()> {
+        save_checkpoint(dir, &self.config, &self.varmap, Some(&self.draft_vocab), dtype)
     }
 }
 

@@ -12,6 +12,8 @@ use verdict::{
 use verdict_heads::FeatureSpec;
 use verdict_training::{
     autojudge_head::{fit_autojudge_head, FeatureModels},
+    eagle_fit::EagleFitOptions,
+    eagle_pipeline::{train_eagle, EaglePlan},
     engine::MistralEngines,
     features::compute_features,
     fit::FitOptions,
@@ -44,6 +46,86 @@ enum Command {
     Features(FeaturesArgs),
     /// Fit the head on labels and features; writes the head and its reports.
     Fit(FitArgs),
+    /// An EAGLE-3 draft head, self-distilled: the target's greedy responses to GSM8K train
+    /// prompts, their features, training; every stage resumes where a kill left it.
+    Eagle(EagleArgs),
+}
+
+#[derive(Args)]
+struct EagleArgs {
+    #[command(flatten)]
+    task: TaskArgs,
+    /// First problem of the split to use.
+    #[arg(long, default_value_t = 0)]
+    first: usize,
+    /// Problems to generate responses for and train on (every --hold-out-every-th is held out).
+    #[arg(long, default_value_t = 1000)]
+    problems: usize,
+    #[arg(long, default_value_t = 20)]
+    hold_out_every: usize,
+    /// Responses decoded together (prompts of equal token count only).
+    #[arg(long, default_value_t = 8)]
+    generate_batch: usize,
+    /// Rows of the head's LM head: the most frequent response tokens.
+    #[arg(long, default_value_t = 4096)]
+    draft_vocab: usize,
+    /// The head's MLP width (the target's is 8960; smaller drafts faster here).
+    #[arg(long, default_value_t = 2048)]
+    intermediate_size: usize,
+    #[arg(long, default_value_t = 12)]
+    heads: usize,
+    #[arg(long, default_value_t = 2)]
+    kv_heads: usize,
+    /// Unrolled steps of the training-time test (≥ the γ it will draft).
+    #[arg(long, default_value_t = 4)]
+    ttt_steps: usize,
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    #[arg(long, default_value_t = 3e-4)]
+    lr: f64,
+    /// Problems per optimizer update.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 5)]
+    checkpoint_minutes: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Responses, features and the training checkpoint.
+    #[arg(long, default_value = ".verdict-work/gsm8k/eagle")]
+    work: PathBuf,
+    /// The head folder (config.json, model.safetensors, report.json).
+    #[arg(long, default_value = "heads/gsm8k-eagle3")]
+    out: PathBuf,
+}
+
+fn run_eagle(args: &EagleArgs) -> Result<()> {
+    let config = Config::load(&args.task.config)?;
+    let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+    let plan = EaglePlan {
+        data_dir: verdict::datasets::gsm8k_dir(args.task.data_dir.clone(), &cache),
+        split: args.task.split.clone(),
+        first: args.first,
+        problems: args.problems,
+        generate_batch: args.generate_batch,
+        hold_out_every: args.hold_out_every,
+        draft_vocab: args.draft_vocab,
+        intermediate_size: args.intermediate_size,
+        heads: args.heads,
+        kv_heads: args.kv_heads,
+        work: args.work.clone(),
+        out: args.out.clone(),
+    };
+    let options = EagleFitOptions {
+        ttt_steps: args.ttt_steps,
+        epochs: args.epochs,
+        lr: args.lr,
+        batch: args.batch,
+        checkpoint_secs: args.checkpoint_minutes * 60,
+        seed: args.seed,
+        ..EagleFitOptions::default()
+    };
+    train_eagle(&config, &plan, &options)?;
+    Ok(())
 }
 
 /// The task and the models every step works with.
@@ -336,6 +418,7 @@ fn main() -> Result<()> {
             &args.pad_out,
         ),
         Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
+        Some(Command::Eagle(args)) => run_eagle(&args),
         None => {
             let all = cli.all;
             let mut engines = all.mine.task.engines()?;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use verdict::{
     config::Config,
     engine::LoadedModels,
@@ -110,18 +110,21 @@ fn a_head_learns_the_targets_features_and_resumes_exactly() {
     assert_eq!(params(&resumed), params(&whole), "a resumed run ends elsewhere than an uninterrupted one");
     assert_eq!(resumed.progress.validation, whole.progress.validation);
 
-    // The saved head loads in the runtime and computes the trainer's logits.
-    let out = dir.path().join("head");
-    whole.save_head(&out).unwrap();
-    let loaded = Eagle3Head::load(&out, &Device::Cpu).unwrap();
+    // The saved head loads in the runtime and computes the trainer's logits: exactly from
+    // f32 weights, within f16's rounding from the shipped f16 file.
     let f = SequenceFeatures::load(&files[0]).unwrap();
-    let aux = f.aux.to_dtype(candle_core::DType::F32).unwrap();
+    let aux = f.aux.to_dtype(DType::F32).unwrap();
     let embeds = Tensor::randn(0f32, 1.0, (f.len(), 32), &Device::Cpu).unwrap();
-    let a = whole.head.forward_ttt(&aux, &[embeds.clone()]).unwrap();
-    let b = loaded.forward_ttt(&aux, &[embeds]).unwrap();
-    let gap = (&a[0].logits - &b[0].logits).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-    assert!(gap < 1e-5, "loaded head's logits differ by {gap}");
-    for (d, &t) in used.iter().enumerate() {
-        assert_eq!(loaded.target_id(d as u32), t);
+    let trained = whole.head.forward_ttt(&aux, &[embeds.clone()]).unwrap();
+    for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::F16, 2e-2)] {
+        let out = dir.path().join(format!("head-{dtype:?}"));
+        whole.save_head(&out, dtype).unwrap();
+        let loaded = Eagle3Head::load(&out, &Device::Cpu).unwrap();
+        let got = loaded.forward_ttt(&aux, &[embeds.clone()]).unwrap();
+        let gap = (&trained[0].logits - &got[0].logits).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(gap < tolerance, "{dtype:?}: the loaded head's logits differ by {gap}");
+        for (d, &t) in used.iter().enumerate() {
+            assert_eq!(loaded.target_id(d as u32), t);
+        }
     }
 }
