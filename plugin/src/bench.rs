@@ -129,6 +129,8 @@ pub struct ModeSummary {
     pub draft_acceptance_rate: Option<f64>,
     /// Completion tokens over wall clock, prompt processing included (what a user waits).
     pub tokens_per_second: f64,
+    /// Drafting time per drafted token (draft model forwards or head steps).
+    pub draft_ms_per_token: Option<f64>,
     pub speed_vs_plain: Option<f64>,
     /// Runs whose text equals the plain target's on the same problem.
     pub identical_to_plain: Option<usize>,
@@ -146,6 +148,8 @@ pub struct JudgeSummary {
     pub vetoes: u64,
     /// Time in this judge as a share of target verify time.
     pub share_of_verify: f64,
+    /// ... and of the whole speculative step (draft, verify, accept rule).
+    pub share_of_step: f64,
     pub ms_per_step: f64,
 }
 
@@ -595,6 +599,10 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                 mean_acceptance_length: counters.as_ref().map(Counters::mean_acceptance_length),
                 draft_acceptance_rate: counters.as_ref().map(Counters::draft_acceptance_rate),
                 tokens_per_second: tps,
+                draft_ms_per_token: counters
+                    .as_ref()
+                    .filter(|c| c.draft_tokens > 0)
+                    .map(|c| 1000.0 * c.draft_seconds / c.draft_tokens as f64),
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
                 identical_to_plain: (!plain_text.is_empty() && !mode.is_plain()).then(|| {
                     mine.iter()
@@ -609,6 +617,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                     .as_ref()
                     .map(|c| {
                         let verify = c.verify_seconds + c.prefill_verify_seconds;
+                        let step = verify + c.draft_seconds + c.accept_seconds;
                         // Snapshots taken under another stack list its judges with no calls.
                         c.judges
                             .iter()
@@ -625,6 +634,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                                         } else {
                                             0.0
                                         },
+                                        share_of_step: if step > 0.0 { j.seconds / step } else { 0.0 },
                                         ms_per_step: 1000.0 * j.seconds / c.steps.max(1) as f64,
                                     },
                                 )
@@ -703,15 +713,17 @@ pub fn table(summaries: &[ModeSummary]) -> String {
         );
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | tokens/s | speed vs plain | accept time / verify time | judges: rescues, vetoes, time / verify time |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | draft ms / drafted token | ms / token | tokens/s | speed vs plain | accept time / verify time | judges: rescues, vetoes, time / verify, time / step |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
     for s in summaries {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2}{} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.1} | {:.2}{} | {} | {} | {} |",
             s.mode,
             fixed(s.mean_acceptance_length),
             percent(s.draft_acceptance_rate, 1),
+            fixed(s.draft_ms_per_token),
+            1000.0 / s.tokens_per_second.max(1e-9),
             s.tokens_per_second,
             if s.batched { " (batched)" } else { "" },
             ratio(s.speed_vs_plain),
@@ -730,10 +742,11 @@ fn judge_cell(judges: &BTreeMap<String, JudgeSummary>) -> String {
         .iter()
         .map(|(name, j)| {
             format!(
-                "{name}: {} rescued, {} vetoed, {:.2}%",
+                "{name}: {} rescued, {} vetoed, {:.2}%, {:.2}%",
                 j.rescues,
                 j.vetoes,
-                100.0 * j.share_of_verify
+                100.0 * j.share_of_verify,
+                100.0 * j.share_of_step
             )
         })
         .collect::<Vec<_>>()

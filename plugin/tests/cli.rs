@@ -52,9 +52,19 @@ fn missing_config_file_is_named() {
 }
 
 #[test]
-fn default_config_is_valid() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
-    verdict::Config::load(path.as_ref()).unwrap();
+fn every_shipped_config_is_valid() {
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            verdict::Config::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "only {checked} configs found in {}", dir.display());
+    let eagle = verdict::Config::load(&dir.join("eagle-dropmatch.toml")).unwrap();
+    assert!(eagle.mode_names().contains(&"eagle:dropmatch".to_string()));
 }
 
 #[test]
