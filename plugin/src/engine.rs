@@ -13,7 +13,7 @@ use mistralrs_core::{
     NormalSpecificConfig, Pipeline, Request, RequestMessage, Response, SamplingParams,
     SchedulerConfig, SpeculativeConfig, SpeculativePipeline, TokenSource,
 };
-use mistralrs_core::speculative_hook::Proposer;
+use mistralrs_core::speculative_hook::{AcceptRule, Proposer};
 use tokio::sync::Mutex;
 
 use verdict_heads::ModelFingerprint;
@@ -247,16 +247,10 @@ impl Engine {
         let Some((draft, _)) = &models.draft else {
             bail!("speculative decoding needs models.draft");
         };
-        let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
-        let config = SpeculativeConfig {
-            gamma,
-            accept_rule: Some(rule.clone()),
-        };
-        let pipeline = SpeculativePipeline::new(models.target.clone(), draft.clone(), config)?;
-        Ok(Self {
-            mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
-            rule: Some(rule),
+        Self::over_speculative(max_seqs, stack, seed, metrics, |accept_rule| {
+            SpeculativePipeline::new(models.target.clone(), draft.clone(), SpeculativeConfig { gamma, accept_rule })
         })
+        .await
     }
 
     /// Speculative decoding with drafts from `proposer` (an EAGLE head): no draft model.
@@ -269,12 +263,22 @@ impl Engine {
         metrics: Arc<Metrics>,
         max_seqs: usize,
     ) -> Result<Self> {
+        Self::over_speculative(max_seqs, stack, seed, metrics, |accept_rule| {
+            SpeculativePipeline::with_proposer(models.target.clone(), proposer, SpeculativeConfig { gamma, accept_rule })
+        })
+        .await
+    }
+
+    /// An engine over the speculative pipeline `build` makes around a Verdict rule.
+    async fn over_speculative(
+        max_seqs: usize,
+        stack: JudgeStack,
+        seed: u64,
+        metrics: Arc<Metrics>,
+        build: impl FnOnce(Option<Arc<dyn AcceptRule>>) -> candle_core::Result<SpeculativePipeline>,
+    ) -> Result<Self> {
         let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
-        let config = SpeculativeConfig {
-            gamma,
-            accept_rule: Some(rule.clone()),
-        };
-        let pipeline = SpeculativePipeline::with_proposer(models.target.clone(), proposer, config)?;
+        let pipeline = build(Some(rule.clone()))?;
         Ok(Self {
             mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
             rule: Some(rule),
