@@ -271,21 +271,30 @@ impl Attention {
     /// Training-time test, step `j` (EAGLE-3 §2.4 of the training spec): row `i` at position
     /// `i + j` sees step 0's keys of positions `0..=i` and, from each later step `s ≤ j`, the
     /// key of its own row only. `steps` holds the (k, v) of steps `0..j`; this step's are
-    /// appended.
-    fn forward_ttt(&self, x: &Tensor, step: usize, steps: &mut Vec<(Tensor, Tensor)>) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        let (q, k, v) = self.project(x, step)?;
+    /// appended. Only rows `first..` are queried: at step 0 `x` holds every row (all are
+    /// keys), later steps only rows `first..`; the output is rows `first..`.
+    fn forward_ttt(&self, x: &Tensor, step: usize, steps: &mut Vec<(Tensor, Tensor)>, first: usize) -> Result<Tensor> {
+        let (q, k, v) = match step {
+            0 => {
+                let (_, k, v) = self.project(x, 0)?;
+                let rows = x.dim(0)? - first;
+                let (q, _, _) = self.project(&x.narrow(0, first, rows)?, first)?;
+                (q, k, v)
+            }
+            _ => self.project(x, first + step)?,
+        };
         steps.push((self.expand(&k)?, self.expand(&v)?));
         let (k0, v0) = &steps[0];
+        let (t, keys) = (q.dim(1)?, k0.dim(1)?);
         let mut columns = vec![(q.matmul(&k0.t()?)? * self.scale())?
-            .broadcast_add(&causal_mask(t, t, 0, x.device())?)?];
+            .broadcast_add(&causal_mask(t, keys, first, x.device())?)?];
         for (ks, _) in &steps[1..] {
             columns.push(((&q * ks)?.sum_keepdim(D::Minus1)? * self.scale())?);
         }
         let probs = candle_nn::ops::softmax(&Tensor::cat(&columns, D::Minus1)?, D::Minus1)?;
-        let mut out = probs.narrow(D::Minus1, 0, t)?.matmul(v0)?;
+        let mut out = probs.narrow(D::Minus1, 0, keys)?.matmul(v0)?;
         for (s, (_, vs)) in steps.iter().enumerate().skip(1) {
-            out = (out + probs.narrow(D::Minus1, t + s - 1, 1)?.broadcast_mul(vs)?)?;
+            out = (out + probs.narrow(D::Minus1, keys + s - 1, 1)?.broadcast_mul(vs)?)?;
         }
         self.output(&out)
     }
@@ -470,15 +479,34 @@ impl Eagle3Head {
     /// reads fused target features; step `j > 0` reads step `j − 1`'s outputs, with the
     /// attention a chain of drafts would see (gradients flow through every step).
     pub fn forward_ttt(&self, aux: &Tensor, embeds: &[Tensor]) -> Result<Vec<HeadOutput>> {
+        self.forward_ttt_from(aux, embeds, 0)
+    }
+
+    /// [`Self::forward_ttt`] computing only rows `first..` (every output has `t − first`
+    /// rows): the rows before serve as step 0's keys and values alone. Training skips the
+    /// prompt rows this way, whose predictions are never scored: they cost `fc` and the key
+    /// and value projections instead of the whole layer at every step.
+    pub fn forward_ttt_from(&self, aux: &Tensor, embeds: &[Tensor], first: usize) -> Result<Vec<HeadOutput>> {
+        let t = aux.dim(0)?;
+        ensure!(first < t, "first row {first} of a {t}-row sequence");
+        let rows = t - first;
         let mut hidden = self.fuse(aux)?;
         let mut steps = Vec::with_capacity(embeds.len());
         let mut outputs = Vec::with_capacity(embeds.len());
         for (step, embed) in embeds.iter().enumerate() {
+            let embed = match step {
+                0 => embed.clone(),
+                _ => embed.narrow(0, first, rows)?,
+            };
             let x = Tensor::cat(
-                &[self.input_layernorm.forward(embed)?, self.hidden_norm.forward(&hidden)?],
+                &[self.input_layernorm.forward(&embed)?, self.hidden_norm.forward(&hidden)?],
                 D::Minus1,
             )?;
-            let h = (&hidden + self.attention.forward_ttt(&x, step, &mut steps)?)?;
+            let residual = match step {
+                0 => hidden.narrow(0, first, rows)?,
+                _ => hidden.clone(),
+            };
+            let h = (&residual + self.attention.forward_ttt(&x, step, &mut steps, first)?)?;
             let out = (&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?;
             let logits = self.lm_head.forward(&self.norm.forward(&out)?)?;
             hidden = out.clone();
@@ -727,6 +755,23 @@ mod tests {
         let after = head.forward(&e.narrow(0, 2, 2).unwrap(), &h.narrow(0, 2, 2).unwrap(), 2, &mut cache).unwrap();
         let fresh = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
         assert!(max_abs_diff(&after.logits, &fresh.logits.narrow(0, 2, 2).unwrap()) < 1e-5);
+    }
+
+    #[test]
+    fn training_from_a_later_row_computes_the_same_rows() {
+        let config = tiny_config(None);
+        let (dir, _) = saved_head(&config, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let (t, steps, first) = (7, 3, 4);
+        let aux = random((t, 48), 30);
+        let embeds: Vec<Tensor> = (0..steps).map(|j| random((t, 16), 31 + j as u64)).collect();
+        let all = head.forward_ttt(&aux, &embeds).unwrap();
+        let some = head.forward_ttt_from(&aux, &embeds, first).unwrap();
+        for j in 0..steps {
+            assert_eq!(some[j].logits.dims(), &[t - first, config.draft_vocab()]);
+            let diff = max_abs_diff(&some[j].logits, &all[j].logits.narrow(0, first, t - first).unwrap());
+            assert!(diff < 1e-5, "step {j}: {diff}");
+        }
     }
 
     #[test]

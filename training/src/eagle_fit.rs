@@ -113,7 +113,9 @@ struct Example {
     aux: Tensor,
     /// Step j's input embeddings: row i reads the token at i + 1 + j.
     embeds: Vec<Tensor>,
+    /// Labels of rows `first..` (earlier rows predict prompt tokens at every step).
     targets: Vec<StepTargets>,
+    first: usize,
     positions: usize,
 }
 
@@ -165,17 +167,20 @@ fn prepare(
         }
         Ok(Tensor::cat(&[x.narrow(0, by, t - by)?, pad], 0)?)
     };
+    // Row i at step j predicts the token at i + 2 + j: no row before this one ever
+    // predicts a response token.
+    let first = f.response_start.saturating_sub(steps + 1).min(t - 1);
     let mut embeds = Vec::with_capacity(steps);
     let mut targets = Vec::with_capacity(steps);
     for j in 0..steps {
         embeds.push(shifted(&all, j + 1)?);
         targets.push(StepTargets {
-            probs: shifted(&probs, j + 1)?,
-            mask: shifted(&mask.unsqueeze(1)?, j + 1)?.squeeze(1)?,
+            probs: shifted(&probs, j + 1)?.narrow(0, first, t - first)?,
+            mask: shifted(&mask.unsqueeze(1)?, j + 1)?.squeeze(1)?.narrow(0, first, t - first)?,
         });
     }
     debug_assert_eq!(embeds[0].dims(), &[t, hidden]);
-    Ok(Example { aux, embeds, targets, positions: t })
+    Ok(Example { aux, embeds, targets, first, positions: t })
 }
 
 /// A head being trained: its variables, optimizer and progress, saved together.
@@ -322,7 +327,7 @@ impl EagleTrainer {
                 let mut accuracy = vec![0.0; o.ttt_steps];
                 for &i in chunk {
                     let ex = self.example(&train[i])?;
-                    let outputs = self.head.forward_ttt(&ex.aux, &ex.embeds)?;
+                    let outputs = self.head.forward_ttt_from(&ex.aux, &ex.embeds, ex.first)?;
                     let (loss, acc) = ttt_loss(&outputs, &ex.targets)?;
                     for (a, b) in accuracy.iter_mut().zip(&acc) {
                         *a += b / chunk.len() as f64;
@@ -378,7 +383,7 @@ impl EagleTrainer {
         let (mut hits, mut counted) = (vec![0.0; steps], vec![0.0; steps]);
         for path in problems {
             let ex = self.example(path)?;
-            let outputs = self.head.forward_ttt(&ex.aux, &ex.embeds)?;
+            let outputs = self.head.forward_ttt_from(&ex.aux, &ex.embeds, ex.first)?;
             for (j, (out, target)) in outputs.iter().zip(&ex.targets).enumerate() {
                 let agree = out.logits.argmax(D::Minus1)?.eq(&target.probs.argmax(D::Minus1)?)?.to_dtype(DType::F32)?;
                 hits[j] += (agree * &target.mask)?.sum_all()?.to_scalar::<f32>()? as f64;
