@@ -232,10 +232,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .iter()
         .filter(|m| !m.is_plain())
         .map(|m| {
-            Ok((
-                m.clone(),
-                Arc::new(config.named_stack(m.stack_name(), &models.fingerprints())?),
-            ))
+            let stack = config.named_stack(m.stack_name(), &models.fingerprints())?;
+            if m.drafts_with_eagle() {
+                stack.check_drafts_without_model()?;
+            }
+            Ok((m.clone(), Arc::new(stack)))
         })
         .collect::<Result<_>>()?;
     let runtime = tokio::runtime::Runtime::new()?;

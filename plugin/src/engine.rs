@@ -263,6 +263,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         max_seqs: usize,
     ) -> Result<Self> {
+        stack.check_drafts_without_model()?;
         Self::over_speculative(max_seqs, stack, seed, metrics, |accept_rule| {
             SpeculativePipeline::with_proposer(models.target.clone(), proposer, SpeculativeConfig { gamma, accept_rule })
         })

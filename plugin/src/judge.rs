@@ -76,6 +76,23 @@ impl JudgeStack {
     }
 
     /// Union of what the judges need captured.
+    /// Refuse a stack whose judges read the draft model's hidden states when the drafts come
+    /// from elsewhere (an EAGLE head has no draft model).
+    pub fn check_drafts_without_model(&self) -> Result<()> {
+        let needing: Vec<&str> = self
+            .all_judges()
+            .filter(|j| !j.draft_capture().is_empty())
+            .map(|j| j.name())
+            .collect();
+        anyhow::ensure!(
+            needing.is_empty(),
+            "stack {:?}: {} read(s) the draft model's hidden states, which EAGLE drafting does not have; use a target-only AutoJudge head (`train-head fit --spec target`)",
+            self.name,
+            needing.join(", ")
+        );
+        Ok(())
+    }
+
     pub fn capture(&self, of: impl Fn(&dyn Judge) -> CaptureRequest) -> CaptureRequest {
         let mut merged = CaptureRequest::default();
         for judge in self.all_judges() {

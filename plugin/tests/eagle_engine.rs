@@ -328,3 +328,41 @@ fn a_head_for_another_target_is_refused() {
     let err = format!("{:#}", models.eagle_proposer(&config).err().unwrap());
     assert!(err.contains("hidden size 48") && err.contains("hidden size 32"), "{err}");
 }
+
+#[test]
+fn a_judge_reading_draft_model_states_is_refused_with_eagle_drafts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Llama, 3);
+    common::tiny_pair(dir.path(), &s, 0.2);
+    write_tiny_eagle3_head(&s, &dir.path().join("head"), &[8, 9, 10], [1, 2, 2], 1).unwrap();
+    let base = format!(
+        "[models]\ntarget = {:?}\ndraft = {:?}\n[speculative]\nproposer = \"eagle\"\neagle_head = {:?}\n",
+        dir.path().join("target").to_str().unwrap(),
+        dir.path().join("draft").to_str().unwrap(),
+        dir.path().join("head").to_str().unwrap(),
+    );
+    let models = LoadedModels::load_with_draft(&Config::from_toml(&base).unwrap(), true).unwrap();
+    let head = verdict_heads::LogisticHead::constant(
+        verdict_heads::FeatureSpec::DraftAndTarget,
+        models.target_fingerprint.clone(),
+        models.draft_fingerprint.clone(),
+        0.5,
+    );
+    let head_path = dir.path().join("autojudge.safetensors");
+    head.save(&head_path).unwrap();
+    let config = Config::from_toml(&format!(
+        "{base}[[judge]]\nkind = \"autojudge\"\nhead = {:?}\n",
+        head_path.to_str().unwrap()
+    ))
+    .unwrap();
+    let stack = models.configured_stack(&config).unwrap();
+    let proposer = models.eagle_proposer(&config).unwrap();
+    let err = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        Engine::with_proposer(&models, proposer, 2, stack, 0, Arc::new(Metrics::default()), 1)
+            .await
+            .err()
+            .unwrap()
+    });
+    let err = format!("{err:#}");
+    assert!(err.contains("autojudge") && err.contains("draft model's hidden states"), "{err}");
+}
