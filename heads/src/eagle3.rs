@@ -19,7 +19,11 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{linear_no_bias, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::fingerprint::ModelFingerprint;
+pub use crate::decoder_layer::HeadCache;
+use crate::{
+    decoder_layer::{head_norm, open_weights, Attention, AttentionShape, HeadNorm, Mlp},
+    fingerprint::{check_head_target, ModelFingerprint},
+};
 
 /// `config.json` of an EAGLE-3 head, with the field names other engines read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -135,223 +139,6 @@ pub fn default_aux_layers(layers: usize) -> Vec<usize> {
     vec![2, layers / 2, layers.saturating_sub(3)]
 }
 
-/// The head's attention cache: keys and values of every position it has seen, (kv heads,
-/// positions, head dim) each.
-#[derive(Clone, Debug, Default)]
-pub struct HeadCache {
-    k: Option<Tensor>,
-    v: Option<Tensor>,
-}
-
-impl HeadCache {
-    pub fn len(&self) -> usize {
-        self.k.as_ref().map_or(0, |k| k.dim(1).unwrap_or(0))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Forget every position from `len` on (rejected drafts, draft steps after a verify).
-    pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if len >= self.len() {
-            return Ok(());
-        }
-        if len == 0 {
-            *self = Self::default();
-            return Ok(());
-        }
-        self.k = Some(self.k.as_ref().unwrap().narrow(1, 0, len)?);
-        self.v = Some(self.v.as_ref().unwrap().narrow(1, 0, len)?);
-        Ok(())
-    }
-
-    fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
-        let (k, v) = match (&self.k, &self.v) {
-            (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 1)?, Tensor::cat(&[pv, &v], 1)?),
-            _ => (k, v),
-        };
-        self.k = Some(k.clone());
-        self.v = Some(v.clone());
-        Ok((k, v))
-    }
-}
-
-/// The midlayer's attention: q/k/v over [normed embedding ⊕ normed hidden] (2H), RoPE.
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    rope_theta: f64,
-}
-
-impl Attention {
-    fn new(cfg: &Eagle3Config, vb: VarBuilder) -> Result<Self> {
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
-        Ok(Self {
-            q_proj: linear_no_bias(2 * h, cfg.num_attention_heads * hd, vb.pp("q_proj"))?,
-            k_proj: linear_no_bias(2 * h, cfg.num_key_value_heads * hd, vb.pp("k_proj"))?,
-            v_proj: linear_no_bias(2 * h, cfg.num_key_value_heads * hd, vb.pp("v_proj"))?,
-            o_proj: linear_no_bias(cfg.num_attention_heads * hd, h, vb.pp("o_proj"))?,
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: hd,
-            rope_theta: cfg.rope_theta,
-        })
-    }
-
-    /// (cos, sin) for `t` positions from `start`, (t, head_dim / 2) each.
-    fn rope_tables(&self, start: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
-        let half = self.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / self.head_dim as f64) as f32)
-            .collect();
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-        let positions: Vec<f32> = (start..start + t).map(|p| p as f32).collect();
-        let positions = Tensor::from_vec(positions, (t, 1), device)?;
-        let angles = positions.broadcast_mul(&inv_freq)?;
-        Ok((angles.cos()?, angles.sin()?))
-    }
-
-    /// q (heads, t, hd) and k, v (kv heads, t, hd) of `x` (t, 2H) at positions
-    /// `start..start + t`, RoPE applied.
-    fn project(&self, x: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        let t = x.dim(0)?;
-        let shape = |y: Tensor, heads: usize| -> Result<Tensor> {
-            Ok(y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?)
-        };
-        let q = shape(self.q_proj.forward(x)?, self.heads)?;
-        let k = shape(self.k_proj.forward(x)?, self.kv_heads)?;
-        let v = shape(self.v_proj.forward(x)?, self.kv_heads)?;
-        let (cos, sin) = self.rope_tables(start, t, x.device())?;
-        let q = candle_nn::rotary_emb::rope_slow(&q, &cos, &sin)?.squeeze(0)?;
-        let k = candle_nn::rotary_emb::rope_slow(&k, &cos, &sin)?.squeeze(0)?;
-        Ok((q, k, v.squeeze(0)?))
-    }
-
-    /// Keys or values of the kv heads repeated for every query head: (heads, len, hd).
-    fn expand(&self, y: &Tensor) -> Result<Tensor> {
-        let (kv_heads, len, hd) = y.dims3()?;
-        let repeat = self.heads / kv_heads;
-        Ok(y.unsqueeze(1)?
-            .expand((kv_heads, repeat, len, hd))?
-            .reshape((self.heads, len, hd))?)
-    }
-
-    fn scale(&self) -> f64 {
-        1.0 / (self.head_dim as f64).sqrt()
-    }
-
-    /// (heads, t, hd) attention output to the model width.
-    fn output(&self, out: &Tensor) -> Result<Tensor> {
-        let t = out.dim(1)?;
-        let out = out.transpose(0, 1)?.reshape((t, self.heads * self.head_dim))?;
-        Ok(self.o_proj.forward(&out)?)
-    }
-
-    /// `x`: (t, 2H) at positions `start..start + t`; attends to the cache and causally to
-    /// itself, then appends its keys and values to the cache.
-    fn forward(&self, x: &Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        let (q, k, v) = self.project(x, start)?;
-        ensure!(cache.len() == start, "head cache holds {} positions, the input starts at {start}", cache.len());
-        let (k, v) = cache.append(k, v)?;
-        let total = k.dim(1)?;
-        let (k, v) = (self.expand(&k)?, self.expand(&v)?);
-        let scores = (q.matmul(&k.t()?)? * self.scale())?;
-        let mask = causal_mask(t, total, start, x.device())?;
-        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
-        self.output(&probs.matmul(&v)?)
-    }
-
-    /// Training-time test, step `j` (EAGLE-3 §2.4 of the training spec): row `i` at position
-    /// `i + j` sees step 0's keys of positions `0..=i` and, from each later step `s ≤ j`, the
-    /// key of its own row only. `steps` holds the (k, v) of steps `0..j`; this step's are
-    /// appended. Only rows `first..` are queried: at step 0 `x` holds every row (all are
-    /// keys), later steps only rows `first..`; the output is rows `first..`.
-    fn forward_ttt(&self, x: &Tensor, step: usize, steps: &mut Vec<(Tensor, Tensor)>, first: usize) -> Result<Tensor> {
-        let (q, k, v) = match step {
-            0 => {
-                let (_, k, v) = self.project(x, 0)?;
-                let rows = x.dim(0)? - first;
-                let (q, _, _) = self.project(&x.narrow(0, first, rows)?, first)?;
-                (q, k, v)
-            }
-            _ => self.project(x, first + step)?,
-        };
-        steps.push((self.expand(&k)?, self.expand(&v)?));
-        let (k0, v0) = &steps[0];
-        let (t, keys) = (q.dim(1)?, k0.dim(1)?);
-        let mut columns = vec![(q.matmul(&k0.t()?)? * self.scale())?
-            .broadcast_add(&causal_mask(t, keys, first, x.device())?)?];
-        for (ks, _) in &steps[1..] {
-            columns.push(((&q * ks)?.sum_keepdim(D::Minus1)? * self.scale())?);
-        }
-        let probs = candle_nn::ops::softmax(&Tensor::cat(&columns, D::Minus1)?, D::Minus1)?;
-        let mut out = probs.narrow(D::Minus1, 0, keys)?.matmul(v0)?;
-        for (s, (_, vs)) in steps.iter().enumerate().skip(1) {
-            out = (out + probs.narrow(D::Minus1, keys + s - 1, 1)?.broadcast_mul(vs)?)?;
-        }
-        self.output(&out)
-    }
-}
-
-/// (1, t, total): row `i` (at position `start + i`) sees keys at positions `≤ start + i`.
-fn causal_mask(t: usize, total: usize, start: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    Ok(Tensor::from_vec(mask, (1, t, total), device)?)
-}
-
-/// RMS norm from plain tensor ops: candle-nn's fused norm, softmax and RoPE kernels have no
-/// backward pass, and the head is trained with the same code it serves with.
-struct HeadNorm {
-    weight: Tensor,
-    eps: f64,
-}
-
-fn head_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<HeadNorm> {
-    Ok(HeadNorm {
-        weight: vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
-        eps,
-    })
-}
-
-impl Module for HeadNorm {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        candle_nn::ops::rms_norm_slow(x, &self.weight, self.eps as f32)
-    }
-}
-
-struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-}
-
-impl Mlp {
-    fn new(cfg: &Eagle3Config, vb: VarBuilder) -> Result<Self> {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        Ok(Self {
-            gate_proj: linear_no_bias(h, i, vb.pp("gate_proj"))?,
-            up_proj: linear_no_bias(h, i, vb.pp("up_proj"))?,
-            down_proj: linear_no_bias(i, h, vb.pp("down_proj"))?,
-        })
-    }
-}
-
-impl Module for Mlp {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
-        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
-    }
-}
-
 /// What one head call returns for each input row.
 pub struct HeadOutput {
     /// The layer's output before `norm`: the hidden input of the next draft step.
@@ -397,9 +184,20 @@ impl Eagle3Head {
             fc: linear_no_bias(3 * config.target_hidden(), h, vb.pp("fc"))?,
             input_layernorm: head_norm(h, eps, mid.pp("input_layernorm"))?,
             hidden_norm: head_norm(h, eps, mid.pp("hidden_norm"))?,
-            attention: Attention::new(&config, mid.pp("self_attn"))?,
+            attention: Attention::new(
+                &AttentionShape {
+                    input: 2 * h,
+                    output: h,
+                    heads: config.num_attention_heads,
+                    kv_heads: config.num_key_value_heads,
+                    head_dim: config.head_dim(),
+                    rope_theta: config.rope_theta,
+                    qkv_bias: false,
+                },
+                mid.pp("self_attn"),
+            )?,
             post_attention_layernorm: head_norm(h, eps, mid.pp("post_attention_layernorm"))?,
-            mlp: Mlp::new(&config, mid.pp("mlp"))?,
+            mlp: Mlp::new(h, config.intermediate_size, mid.pp("mlp"))?,
             norm: head_norm(h, eps, vb.pp("norm"))?,
             lm_head: linear_no_bias(h, config.draft_vocab(), vb.pp("lm_head"))?,
             draft_to_target,
@@ -415,16 +213,7 @@ impl Eagle3Head {
             .with_context(|| format!("cannot read {}", config_path.display()))?;
         let config: Eagle3Config = serde_json::from_str(&text)
             .with_context(|| format!("{} is not an EAGLE-3 config", config_path.display()))?;
-        let safetensors = dir.join("model.safetensors");
-        let pickle = dir.join("pytorch_model.bin");
-        let vb = if safetensors.is_file() {
-            // SAFETY: the file is mapped read-only and not modified while the head lives.
-            unsafe { VarBuilder::from_mmaped_safetensors(&[&safetensors], DType::F32, device)? }
-        } else if pickle.is_file() {
-            VarBuilder::from_pth(&pickle, DType::F32, device)?
-        } else {
-            bail!("{} holds neither model.safetensors nor pytorch_model.bin", dir.display());
-        };
+        let vb = open_weights(dir, device)?;
         let vb = if vb.contains_tensor("midlayer.self_attn.q_proj.weight") {
             vb
         } else if vb.contains_tensor("layers.0.self_attn.q_proj.weight") {
@@ -533,18 +322,7 @@ impl Eagle3Head {
     /// else by hidden size and vocabulary. The message names both models.
     pub fn check_target(&self, head: &str, target: &ModelFingerprint) -> Result<()> {
         let c = &self.config;
-        if let Some(trained_for) = &c.verdict_target {
-            return trained_for.check_loaded(head, "target", target);
-        }
-        if c.target_hidden() != target.hidden_size || c.vocab_size != target.vocab_size {
-            bail!(
-                "EAGLE-3 head {head} was made for a target with hidden size {} and vocabulary {}, but the loaded target is {}",
-                c.target_hidden(),
-                c.vocab_size,
-                target.describe()
-            );
-        }
-        Ok(())
+        check_head_target("EAGLE-3", head, c.verdict_target.as_ref(), c.target_hidden(), c.vocab_size, target)
     }
 }
 
@@ -710,6 +488,29 @@ mod tests {
         let reference =
             Eagle3Head::new(config, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), None).unwrap();
         let (e, h) = (random((3, 16), 3), random((3, 16), 4));
+        let a = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
+        let b = reference.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
+        assert_eq!(max_abs_diff(&a.logits, &b.logits), 0.0);
+    }
+
+    #[test]
+    fn loads_the_reference_pytorch_file_with_its_d2t() {
+        let used = [1u32, 2, 9, 30];
+        let config = tiny_config(Some(used.len()));
+        let (dir, varmap) = saved_head(&config, Some(&used));
+        // The same head as `torch.save` writes it: the reference's official checkpoints.
+        let mut tensors: Vec<(String, Tensor)> =
+            varmap.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+        let (d2t, _) = vocab_maps(&used, config.vocab_size);
+        tensors.push(("d2t".into(), Tensor::new(d2t.as_slice(), &Device::Cpu).unwrap()));
+        std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+        crate::pth_fixture::save_pth(&tensors, &dir.path().join("pytorch_model.bin"));
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let targets: Vec<u32> = (0..used.len() as u32).map(|d| head.target_id(d)).collect();
+        assert_eq!(targets, used);
+        let reference =
+            Eagle3Head::new(config, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), Some(used.to_vec())).unwrap();
+        let (e, h) = (random((3, 16), 5), random((3, 16), 6));
         let a = head.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
         let b = reference.forward(&e, &h, 0, &mut HeadCache::default()).unwrap();
         assert_eq!(max_abs_diff(&a.logits, &b.logits), 0.0);

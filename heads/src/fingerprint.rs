@@ -56,3 +56,26 @@ impl ModelFingerprint {
         Ok(())
     }
 }
+
+/// Refuse a draft head made for another target: by the fingerprint it recorded when it has
+/// one, else by hidden size and vocabulary (all that foreign checkpoints say). `kind` names
+/// the head's family in the message ("EAGLE-3").
+pub fn check_head_target(
+    kind: &str,
+    head: &str,
+    recorded: Option<&ModelFingerprint>,
+    hidden_size: usize,
+    vocab_size: usize,
+    target: &ModelFingerprint,
+) -> Result<()> {
+    if let Some(trained_for) = recorded {
+        return trained_for.check_loaded(head, "target", target);
+    }
+    if hidden_size != target.hidden_size || vocab_size != target.vocab_size {
+        bail!(
+            "{kind} head {head} was made for a target with hidden size {hidden_size} and vocabulary {vocab_size}, but the loaded target is {}",
+            target.describe()
+        );
+    }
+    Ok(())
+}

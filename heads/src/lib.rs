@@ -1,16 +1,21 @@
 //! On-disk formats and candle modules of Verdict's learned heads: AutoJudge's logistic head,
-//! PAD's pivot MLP, and EAGLE-3 draft heads (in the layout other engines load).
+//! PAD's pivot MLP, and EAGLE-1 and EAGLE-3 draft heads (in the layouts other engines load).
 //!
 //! Every head is a safetensors file whose `__metadata__` says what it is (`kind`), which
 //! models it was made for ([`ModelFingerprint`]), its recommended threshold and its training
 //! report. Loading a head for other models is refused, naming both.
 
+pub mod decoder_layer;
+pub mod eagle1;
 pub mod eagle3;
 pub mod file;
 pub mod fingerprint;
 pub mod logistic;
 pub mod pivot;
+#[cfg(test)]
+mod pth_fixture;
 
+pub use eagle1::{Eagle1Config, Eagle1Head};
 pub use eagle3::{Eagle3Config, Eagle3Head, HeadCache};
 pub use fingerprint::ModelFingerprint;
 pub use logistic::{FeatureSpec, LogisticHead};
