@@ -40,31 +40,54 @@ impl Divergence {
     /// Div(P, Q) for target log-probabilities `log_p` and draft log-probabilities `log_q`.
     pub fn between(self, log_p: &[f32], log_q: &[f32]) -> f64 {
         debug_assert_eq!(log_p.len(), log_q.len());
-        // Per-token terms in f32 (the inputs' precision), summed in f64. A token both
-        // distributions give no mass (m = 0 after underflow) contributes nothing.
+        // Per-token terms in f32 (the inputs' precision), summed in f64.
         let mut sum = 0.0f64;
+        // Where q is 0 (a draft vocabulary smaller than the target's: EAGLE heads draft over
+        // a few thousand ids of 151,936), JS's term is ½·p·ln 2 and TV's ½·p: summed as
+        // ½·c·(1 − Σ_{q>0} p) they cost a comparison per token, not two exponentials and a
+        // logarithm. `p_where_q` is that Σ.
+        let closed_form = match self {
+            Divergence::Js => Some(0.5 * std::f64::consts::LN_2),
+            Divergence::Tv => Some(0.5),
+            _ => None,
+        };
+        let (mut p_where_q, mut q_has_zeros) = (0.0f64, false);
         for (&lp, &lq) in log_p.iter().zip(log_q) {
-            let (p, q) = (lp.exp(), lq.exp());
-            let term = match self {
-                Divergence::Js | Divergence::JsFsd => {
-                    let m = 0.5 * (p + q);
-                    if m == 0.0 {
-                        continue;
-                    }
-                    let lm = m.ln();
-                    if self == Divergence::Js {
-                        0.5 * (p * (lp - lm) + q * (lq - lm))
-                    } else {
-                        0.5 * m * ((lm - lp) + (lm - lq))
-                    }
-                }
-                Divergence::KlTargetDraft => p * (lp - lq),
-                Divergence::KlDraftTarget => q * (lq - lp),
-                Divergence::Tv => 0.5 * (p - q).abs(),
-            };
-            sum += term as f64;
+            if closed_form.is_some() && lq <= LOG_PROB_FLOOR {
+                q_has_zeros = true;
+                continue;
+            }
+            let p = lp.exp();
+            p_where_q += p as f64;
+            sum += self.term(lp, p, lq) as f64;
+        }
+        if let (Some(c), true) = (closed_form, q_has_zeros) {
+            sum += c * (1.0 - p_where_q).max(0.0);
         }
         sum
+    }
+
+    /// One token's term. A token both distributions give no mass (m = 0 after underflow)
+    /// contributes nothing.
+    fn term(self, lp: f32, p: f32, lq: f32) -> f32 {
+        let q = lq.exp();
+        match self {
+            Divergence::Js | Divergence::JsFsd => {
+                let m = 0.5 * (p + q);
+                if m == 0.0 {
+                    return 0.0;
+                }
+                let lm = m.ln();
+                if self == Divergence::Js {
+                    0.5 * (p * (lp - lm) + q * (lq - lm))
+                } else {
+                    0.5 * m * ((lm - lp) + (lm - lq))
+                }
+            }
+            Divergence::KlTargetDraft => p * (lp - lq),
+            Divergence::KlDraftTarget => q * (lq - lp),
+            Divergence::Tv => 0.5 * (p - q).abs(),
+        }
     }
 }
 
@@ -158,6 +181,28 @@ mod tests {
         let fsd = Divergence::JsFsd.between(&p, &q);
         assert!(fsd.is_finite() && fsd > 1.0, "{fsd}");
         assert!(Divergence::KlTargetDraft.between(&p, &q).is_finite());
+    }
+
+    /// The closed form for tokens the draft cannot produce equals summing every token's term.
+    #[test]
+    fn a_reduced_draft_vocabulary_gives_the_per_token_sums() {
+        let logits: Vec<f32> = (0..500).map(|i| ((i * 37 % 101) as f32) / 9.0 - 4.0).collect();
+        let p = log_softmax(&logits);
+        // The draft gives mass to every seventh token only, as a reduced vocabulary does.
+        let draft: Vec<f32> = (0..500)
+            .map(|i| if i % 7 == 0 { ((i * 13 % 29) as f32) / 5.0 } else { f32::NEG_INFINITY })
+            .collect();
+        let q = log_softmax(&draft);
+        for d in [Divergence::Js, Divergence::Tv] {
+            let every_token: f64 = p.iter().zip(&q).map(|(&lp, &lq)| d.term(lp, lp.exp(), lq) as f64).sum();
+            close(d.between(&p, &q), every_token, 1e-6);
+        }
+        // Hand-computed: q = (1, 0), p = (0.75, 0.25): JS = ½(.75 ln(.75/.875) + ln(1/.875))
+        // + ½·.25·ln 2, TV = 0.25.
+        let (p, q) = (logs(&[0.75, 0.25]), log_softmax(&[0.0, f32::NEG_INFINITY]));
+        let js = 0.5 * (0.75 * (0.75f64 / 0.875).ln() + (1.0f64 / 0.875).ln()) + 0.125 * std::f64::consts::LN_2;
+        close(Divergence::Js.between(&p, &q), js, 1e-6);
+        close(Divergence::Tv.between(&p, &q), 0.25, 1e-6);
     }
 
     #[test]
