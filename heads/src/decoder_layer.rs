@@ -6,7 +6,9 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{linear_b, linear_no_bias, Linear, VarBuilder};
+use candle_nn::VarBuilder;
+
+use crate::projection::{projection, Projection, WeightFormat};
 
 /// Widths of an attention block: `input` columns in (2H for EAGLE-3's midlayer, H for
 /// EAGLE-1's layer), `output` columns out.
@@ -80,10 +82,10 @@ impl HeadCache {
 
 /// The midlayer's attention: q/k/v over [normed embedding ⊕ normed hidden] (2H), RoPE.
 pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -91,14 +93,22 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// Store q/k/v/o as `format` (drafting only).
+    pub fn quantize(&mut self, format: WeightFormat) -> Result<()> {
+        for p in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj, &mut self.o_proj] {
+            p.quantize(format)?;
+        }
+        Ok(())
+    }
+
     pub fn new(shape: &AttentionShape, vb: VarBuilder) -> Result<Self> {
         let s = shape;
-        let projection = |rows: usize, name: &str| linear_b(s.input, rows, s.qkv_bias, vb.pp(name));
+        let qkv = |rows: usize, name: &str| projection(s.input, rows, s.qkv_bias, vb.pp(name));
         Ok(Self {
-            q_proj: projection(s.heads * s.head_dim, "q_proj")?,
-            k_proj: projection(s.kv_heads * s.head_dim, "k_proj")?,
-            v_proj: projection(s.kv_heads * s.head_dim, "v_proj")?,
-            o_proj: linear_no_bias(s.heads * s.head_dim, s.output, vb.pp("o_proj"))?,
+            q_proj: qkv(s.heads * s.head_dim, "q_proj")?,
+            k_proj: qkv(s.kv_heads * s.head_dim, "k_proj")?,
+            v_proj: qkv(s.kv_heads * s.head_dim, "v_proj")?,
+            o_proj: projection(s.heads * s.head_dim, s.output, false, vb.pp("o_proj"))?,
             heads: s.heads,
             kv_heads: s.kv_heads,
             head_dim: s.head_dim,
@@ -231,17 +241,25 @@ impl Module for HeadNorm {
 }
 
 pub struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
 }
 
 impl Mlp {
+    /// Store gate/up/down as `format` (drafting only).
+    pub fn quantize(&mut self, format: WeightFormat) -> Result<()> {
+        for p in [&mut self.gate_proj, &mut self.up_proj, &mut self.down_proj] {
+            p.quantize(format)?;
+        }
+        Ok(())
+    }
+
     pub fn new(h: usize, i: usize, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
-            gate_proj: linear_no_bias(h, i, vb.pp("gate_proj"))?,
-            up_proj: linear_no_bias(h, i, vb.pp("up_proj"))?,
-            down_proj: linear_no_bias(i, h, vb.pp("down_proj"))?,
+            gate_proj: projection(h, i, false, vb.pp("gate_proj"))?,
+            up_proj: projection(h, i, false, vb.pp("up_proj"))?,
+            down_proj: projection(i, h, false, vb.pp("down_proj"))?,
         })
     }
 }

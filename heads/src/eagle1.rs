@@ -14,12 +14,13 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, Module, Tensor, D};
-use candle_nn::{linear_b, Linear, VarBuilder};
+use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::{
     decoder_layer::{head_norm, open_weights, Attention, AttentionShape, HeadCache, HeadNorm, Mlp},
     fingerprint::{check_head_target, ModelFingerprint},
+    projection::{projection, Projection},
 };
 
 /// The keys of an EAGLE-1 checkpoint's (Llama) `config.json` that the head reads.
@@ -93,7 +94,7 @@ pub struct Eagle1Biases {
 
 pub struct Eagle1Head {
     pub config: Eagle1Config,
-    fc: Linear,
+    fc: Projection,
     attention: Attention,
     post_attention_layernorm: HeadNorm,
     mlp: Mlp,
@@ -105,7 +106,7 @@ impl Eagle1Head {
         let h = config.hidden_size;
         let layer = vb.pp("layers.0");
         Ok(Self {
-            fc: linear_b(2 * h, h, biases.fc, vb.pp("fc"))?,
+            fc: projection(2 * h, h, biases.fc, vb.pp("fc"))?,
             attention: Attention::new(
                 &AttentionShape {
                     input: h,

@@ -16,12 +16,13 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{linear_no_bias, Linear, VarBuilder};
+use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 pub use crate::decoder_layer::HeadCache;
 use crate::{
     decoder_layer::{head_norm, open_weights, Attention, AttentionShape, HeadNorm, Mlp},
+    projection::{projection, Projection, WeightFormat},
     fingerprint::{check_head_target, ModelFingerprint},
 };
 
@@ -149,14 +150,14 @@ pub struct HeadOutput {
 
 pub struct Eagle3Head {
     pub config: Eagle3Config,
-    fc: Linear,
+    fc: Projection,
     input_layernorm: HeadNorm,
     hidden_norm: HeadNorm,
     attention: Attention,
     post_attention_layernorm: HeadNorm,
     mlp: Mlp,
     norm: HeadNorm,
-    lm_head: Linear,
+    lm_head: Projection,
     /// Draft id → target id, when the draft vocabulary is reduced.
     draft_to_target: Option<Vec<u32>>,
 }
@@ -181,7 +182,7 @@ impl Eagle3Head {
             None => ensure!(!reduced, "a reduced draft vocabulary needs the d2t map"),
         }
         Ok(Self {
-            fc: linear_no_bias(3 * config.target_hidden(), h, vb.pp("fc"))?,
+            fc: projection(3 * config.target_hidden(), h, false, vb.pp("fc"))?,
             input_layernorm: head_norm(h, eps, mid.pp("input_layernorm"))?,
             hidden_norm: head_norm(h, eps, mid.pp("hidden_norm"))?,
             attention: Attention::new(
@@ -199,7 +200,7 @@ impl Eagle3Head {
             post_attention_layernorm: head_norm(h, eps, mid.pp("post_attention_layernorm"))?,
             mlp: Mlp::new(h, config.intermediate_size, mid.pp("mlp"))?,
             norm: head_norm(h, eps, vb.pp("norm"))?,
-            lm_head: linear_no_bias(h, config.draft_vocab(), vb.pp("lm_head"))?,
+            lm_head: projection(h, config.draft_vocab(), false, vb.pp("lm_head"))?,
             draft_to_target,
             config,
         })
@@ -232,6 +233,15 @@ impl Eagle3Head {
         };
         Self::new(config, vb, draft_to_target)
             .with_context(|| format!("cannot load the EAGLE-3 head in {}", dir.display()))
+    }
+
+    /// Store every matrix as `format` for drafting (a trained head's variables are f32;
+    /// a quantized head cannot be trained further).
+    pub fn quantize(&mut self, format: WeightFormat) -> Result<()> {
+        self.fc.quantize(format)?;
+        self.attention.quantize(format)?;
+        self.mlp.quantize(format)?;
+        self.lm_head.quantize(format)
     }
 
     /// The fused hidden input of a target position: `fc` over the three captured layers.

@@ -12,6 +12,7 @@ pub mod file;
 pub mod fingerprint;
 pub mod logistic;
 pub mod pivot;
+pub mod projection;
 #[cfg(test)]
 mod pth_fixture;
 
@@ -20,3 +21,4 @@ pub use eagle3::{Eagle3Config, Eagle3Head, HeadCache};
 pub use fingerprint::ModelFingerprint;
 pub use logistic::{FeatureSpec, LogisticHead};
 pub use pivot::PivotMlp;
+pub use projection::WeightFormat;

@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use verdict_heads::WeightFormat;
 
 use crate::{
     judge::JudgeStack,
@@ -81,6 +82,8 @@ pub struct SpeculativeConfig {
     /// An EAGLE-3 head folder (`config.json` + `model.safetensors`), relative to the config
     /// file. Needed by `proposer = "eagle"` and by the bench's `eagle:` modes.
     pub eagle_head: Option<PathBuf>,
+    /// How the head keeps its matrices while drafting: "f32" (as trained), "q8_0" or "q4k".
+    pub eagle_weights: WeightFormat,
 }
 
 impl Default for SpeculativeConfig {
@@ -92,6 +95,7 @@ impl Default for SpeculativeConfig {
             seed: 0,
             proposer: ProposerKind::DraftModel,
             eagle_head: None,
+            eagle_weights: WeightFormat::F32,
         }
     }
 }
@@ -368,6 +372,9 @@ mod tests {
         assert!(!config.mode_names().contains(&"eagle:plain".to_string()));
         let err = error_of(&format!("{target_only}[speculative]\nproposer = \"medusa\"\n"));
         assert!(err.contains("unknown variant `medusa`"), "{err}");
+        assert_eq!(config.speculative.eagle_weights, WeightFormat::F32);
+        let err = error_of(&format!("{target_only}[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\neagle_weights = \"q5\"\n"));
+        assert!(err.contains("unknown variant `q5`") && err.contains("q8_0"), "{err}");
     }
 
     #[test]

@@ -158,7 +158,12 @@ impl LoadedModels {
         let head = config
             .eagle_head()
             .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
-        Ok(Arc::new(EagleProposer::load(&head, &self.target_source, &self.target_fingerprint)?))
+        Ok(Arc::new(EagleProposer::load(
+            &head,
+            config.speculative.eagle_weights,
+            &self.target_source,
+            &self.target_fingerprint,
+        )?))
     }
 
     /// The judge stack of `config`'s top-level `[[judge]]` tables.

@@ -26,8 +26,12 @@ use verdict::{
 const MAX_TOKENS: usize = 40;
 
 fn eagle_config(dir: &Path, gamma: usize) -> Config {
+    eagle_config_with(dir, gamma, "f32")
+}
+
+fn eagle_config_with(dir: &Path, gamma: usize, weights: &str) -> Config {
     Config::from_toml(&format!(
-        "[models]\ntarget = {:?}\n[speculative]\nproposer = \"eagle\"\neagle_head = {:?}\ngamma = {gamma}\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n",
+        "[models]\ntarget = {:?}\n[speculative]\nproposer = \"eagle\"\neagle_head = {:?}\neagle_weights = {weights:?}\ngamma = {gamma}\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n",
         dir.join("target").to_str().unwrap(),
         dir.join("head").to_str().unwrap(),
     ))
@@ -147,13 +151,14 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
     let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
 
     // γ = 1 keeps or refuses the one draft (a random head rarely gets two right in a row);
-    // γ = 3 drafts from the head's own outputs past the committed positions.
-    for gamma in [1, 3] {
-        let config = eagle_config(dir.path(), gamma);
+    // γ = 3 drafts from the head's own outputs past the committed positions, also with the
+    // head's matrices in 8-bit blocks.
+    for (gamma, weights) in [(1, "f32"), (3, "f32"), (3, "q8_0")] {
+        let config = eagle_config_with(dir.path(), gamma, weights);
         let proposer = models.eagle_proposer(&config).unwrap();
         let runs = speculative_texts(&models, &config, || proposer.clone(), &prompts);
         for (base, texts, steps) in runs {
-            assert_eq!(texts, plain, "{base:?}, γ {gamma}: the EAGLE head's output differs from plain decoding");
+            assert_eq!(texts, plain, "{base:?}, γ {gamma}, {weights}: the EAGLE head's output differs from plain decoding");
             assert_cache_lengths(base, &steps);
             assert_eq!(proposer.live_sequences(), 0, "finished sequences left drafting state behind");
             if gamma == 1 {
@@ -162,6 +167,9 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
             }
         }
     }
+    // The tiny head's rows (32 wide) are not whole 256-value blocks of Q4_K.
+    let err = format!("{:#}", models.eagle_proposer(&eagle_config_with(dir.path(), 3, "q4k")).err().unwrap());
+    assert!(err.contains("eagle_weights = \"q4k\"") && err.contains("256"), "{err}");
 }
 
 /// Drafts the target's known plain continuation, with one draft spoiled every `spoil_every`

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
-use verdict_heads::{Eagle3Head, ModelFingerprint};
+use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
 use super::{
     eagle::{DenseEmbeddings, SequenceDrafter, TokenEmbeddings},
@@ -53,14 +53,16 @@ impl EagleProposer {
 
     /// Load the head in `head_dir` for the loaded target: refused when it was made for
     /// another model; the target's own embeddings are shared with it.
-    pub fn load(head_dir: &Path, target: &ModelSource, fingerprint: &ModelFingerprint) -> Result<Self> {
-        let head = Eagle3Head::load(head_dir, &Device::Cpu)?;
+    pub fn load(head_dir: &Path, weights: WeightFormat, target: &ModelSource, fingerprint: &ModelFingerprint) -> Result<Self> {
+        let mut head = Eagle3Head::load(head_dir, &Device::Cpu)?;
         head.check_target(&head_dir.display().to_string(), fingerprint)?;
+        head.quantize(weights)
+            .with_context(|| format!("EAGLE-3 head {}: speculative.eagle_weights = \"{weights}\"", head_dir.display()))?;
         let layers = capture_layers(&head.config.aux_layers(fingerprint.num_layers), fingerprint.num_layers)
             .with_context(|| format!("EAGLE-3 head {}", head_dir.display()))?;
         let embeddings = target_embeddings(target)?;
         tracing::info!(
-            "EAGLE-3 head {}: draft vocabulary {}, fuses the outputs of target layers {layers:?}",
+            "EAGLE-3 head {}: draft vocabulary {}, weights {weights}, fuses the outputs of target layers {layers:?}",
             head_dir.display(),
             head.config.draft_vocab()
         );
