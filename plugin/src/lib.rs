@@ -12,6 +12,7 @@ pub mod divergence;
 pub mod engine;
 pub mod fingerprint;
 pub mod forward_cost;
+pub mod head_cost;
 pub mod jsonl;
 pub mod judge;
 pub mod judges;

@@ -17,6 +17,7 @@ use verdict::{
     server,
     subset::Subset,
 };
+use verdict_heads::WeightFormat;
 
 #[derive(Parser)]
 #[command(
@@ -132,6 +133,22 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// What the EAGLE head in `speculative.eagle_head` costs per drafted token in each weight
+    /// format (the head alone, synthetic features, formats interleaved).
+    HeadCost {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "f32,q8_0,q4k")]
+        formats: Vec<WeightFormat>,
+        /// Positions already in the head's cache (prompt and answer so far).
+        #[arg(long, default_value_t = 400)]
+        context: usize,
+        #[arg(long, default_value_t = 30)]
+        repeats: usize,
+        /// JSON report.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// The trade-off figure of a bench report: each mode's accuracy difference from plain
     /// decoding (95% interval) against its speed ratio and against τ; writes OUT.svg and OUT.png.
     Plot {
@@ -235,7 +252,39 @@ fn main() -> Result<()> {
             matmul_repeats,
             out,
         ),
+        Command::HeadCost {
+            config,
+            formats,
+            context,
+            repeats,
+            out,
+        } => head_cost_command(&Config::load(&config)?, &formats, context, repeats, out),
     }
+}
+
+fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, repeats: usize, out: Option<PathBuf>) -> Result<()> {
+    let head = config
+        .eagle_head()
+        .context("head-cost times the head in speculative.eagle_head; the config has none")?;
+    let gamma = config.speculative.gamma;
+    let costs = verdict::head_cost::measure(&head, formats, context, gamma, repeats)?;
+    println!(
+        "EAGLE head {}, {context} positions cached, γ {gamma}, median of {repeats}\n\n| weights | MB | draft ms / token | × {} | observe {} positions, ms |\n|---|---|---|---|---|",
+        head.display(),
+        formats[0],
+        gamma + 1
+    );
+    for c in &costs {
+        println!(
+            "| {} | {:.1} | {:.2} | {:.2} | {:.2} |",
+            c.format, c.weight_megabytes, c.draft_ms_per_token, c.draft_ratio_to_first, c.observe_ms
+        );
+    }
+    if let Some(out) = out {
+        std::fs::write(&out, serde_json::to_string_pretty(&costs)?)?;
+        println!("\nreport written to {}", out.display());
+    }
+    Ok(())
 }
 
 /// The engine the config asks for: speculative with its judge stack, or plain.
