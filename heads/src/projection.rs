@@ -57,7 +57,7 @@ impl Module for Projection {
 }
 
 /// How a drafting head keeps its matrices in memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum WeightFormat {
     /// As trained.
     #[default]

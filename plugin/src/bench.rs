@@ -17,6 +17,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
+use verdict_heads::WeightFormat;
 
 use crate::{
     config::{Config, EAGLE_MODE_PREFIX},
@@ -48,14 +49,34 @@ impl Mode {
         matches!(self.stack_name(), "exact" | "rejection")
     }
 
-    /// Drafts from the EAGLE head (`eagle:<stack>`) rather than the draft model.
-    pub fn drafts_with_eagle(&self) -> bool {
-        self.0.starts_with(EAGLE_MODE_PREFIX)
+    /// `eagle:<stack>` drafts with the EAGLE head as configured, `eagle-<weights>:<stack>`
+    /// with its matrices as `<weights>` (f32, q8_0, q4k), so formats compare in one run:
+    /// the weights' text ("" when the config's) and the stack.
+    fn eagle_parts(&self) -> Option<(&str, &str)> {
+        if let Some(stack) = self.0.strip_prefix(EAGLE_MODE_PREFIX) {
+            return Some(("", stack));
+        }
+        self.0.strip_prefix("eagle-")?.split_once(':')
     }
 
-    /// The judge stack the mode runs (its name without the `eagle:` prefix).
+    /// Drafts from the EAGLE head rather than the draft model.
+    pub fn drafts_with_eagle(&self) -> bool {
+        self.eagle_parts().is_some()
+    }
+
+    /// The judge stack the mode runs (its name without the `eagle…:` prefix).
     pub fn stack_name(&self) -> &str {
-        self.0.strip_prefix(EAGLE_MODE_PREFIX).unwrap_or(&self.0)
+        self.eagle_parts().map_or(&self.0, |(_, stack)| stack)
+    }
+
+    /// The head's weight format in this mode: the one it names, else `configured`.
+    pub fn eagle_weights(&self, configured: WeightFormat) -> Result<WeightFormat> {
+        match self.eagle_parts() {
+            Some((weights, _)) if !weights.is_empty() => {
+                weights.parse().with_context(|| format!("bench mode {:?}", self.0))
+            }
+            _ => Ok(configured),
+        }
     }
 
     pub fn name(&self) -> String {
@@ -183,12 +204,21 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         bail!("--modes is empty");
     }
     let known = config.mode_names();
-    if let Some(unknown) = options.modes.iter().find(|m| !known.contains(&m.0)) {
-        bail!(
-            "unknown bench mode {:?}; known with this config: {}",
-            unknown.0,
-            known.join(", ")
-        );
+    let configured_weights = config.speculative.eagle_weights;
+    for mode in &options.modes {
+        // `eagle-<weights>:<stack>` is known when `eagle:<stack>` is.
+        let as_configured = match mode.drafts_with_eagle() {
+            true => format!("{EAGLE_MODE_PREFIX}{}", mode.stack_name()),
+            false => mode.0.clone(),
+        };
+        if !known.contains(&as_configured) {
+            bail!(
+                "unknown bench mode {:?}; known with this config: {} (an eagle: mode may name the head's weights: eagle-q4k:exact)",
+                mode.0,
+                known.join(", ")
+            );
+        }
+        mode.eagle_weights(configured_weights)?;
     }
 
     let problems = gsm8k::load(&options.data_dir, &options.split)?;
@@ -225,7 +255,14 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
 
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
-    let eagle = needs_eagle.then(|| models.eagle_proposer(config)).transpose()?;
+    // One proposer (and engine) per weight format the modes ask for.
+    let mut eagle = BTreeMap::new();
+    for mode in options.modes.iter().filter(|m| m.drafts_with_eagle()) {
+        let weights = mode.eagle_weights(configured_weights)?;
+        if !eagle.contains_key(&weights) {
+            eagle.insert(weights, models.eagle_proposer_with(config, weights)?);
+        }
+    }
     // Every stack is built (heads loaded and checked) before the first run.
     let stacks: BTreeMap<Mode, Arc<JudgeStack>> = options
         .modes
@@ -249,12 +286,12 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             true => Some(Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?),
             false => None,
         };
-        let eagle = match eagle {
-            Some(proposer) => Some(
-                Engine::with_proposer(&models, proposer, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?,
-            ),
-            None => None,
-        };
+        let mut engines = BTreeMap::new();
+        for (weights, proposer) in eagle {
+            let engine = Engine::with_proposer(&models, proposer, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?;
+            engines.insert(weights, engine);
+        }
+        let eagle = engines;
         anyhow::Ok((plain, speculative, eagle))
     })?;
 
@@ -371,7 +408,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         )),
                         Some(stack) => {
                             let engine = match mode.drafts_with_eagle() {
-                                true => eagle.as_ref(),
+                                true => eagle.get(&mode.eagle_weights(configured_weights)?),
                                 false => speculative.as_ref(),
                             }
                             .expect("built when a mode drafting with it is asked for");
@@ -757,6 +794,22 @@ fn judge_cell(judges: &BTreeMap<String, JudgeSummary>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eagle_modes_name_their_stack_and_weights() {
+        let mode = |s: &str| s.parse::<Mode>().unwrap();
+        let configured = WeightFormat::Q8_0;
+        assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
+        assert_eq!(mode("eagle:dropmatch").eagle_weights(configured).unwrap(), configured);
+        let q4k = mode("eagle-q4k:exact");
+        assert!(q4k.drafts_with_eagle() && !mode("exact").drafts_with_eagle());
+        assert_eq!((q4k.stack_name(), q4k.eagle_weights(configured).unwrap()), ("exact", WeightFormat::Q4K));
+        assert!(q4k.is_lossless());
+        let err = format!("{:#}", mode("eagle-q5:exact").eagle_weights(configured).unwrap_err());
+        assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
+        // Without the colon it is a stack's name, not an EAGLE mode.
+        assert!(!mode("eagle-q4k").drafts_with_eagle());
+    }
 
     #[test]
     fn batches_hold_equal_prompt_lengths_only() {

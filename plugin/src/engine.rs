@@ -16,7 +16,7 @@ use mistralrs_core::{
 use mistralrs_core::speculative_hook::{AcceptRule, Proposer};
 use tokio::sync::Mutex;
 
-use verdict_heads::ModelFingerprint;
+use verdict_heads::{ModelFingerprint, WeightFormat};
 
 use crate::{
     accept::VerdictRule,
@@ -155,15 +155,15 @@ impl LoadedModels {
 
     /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
     pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<EagleProposer>> {
+        self.eagle_proposer_with(config, config.speculative.eagle_weights)
+    }
+
+    /// [`Self::eagle_proposer`] with the head's matrices as `weights`.
+    pub fn eagle_proposer_with(&self, config: &Config, weights: WeightFormat) -> Result<Arc<EagleProposer>> {
         let head = config
             .eagle_head()
             .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
-        Ok(Arc::new(EagleProposer::load(
-            &head,
-            config.speculative.eagle_weights,
-            &self.target_source,
-            &self.target_fingerprint,
-        )?))
+        Ok(Arc::new(EagleProposer::load(&head, weights, &self.target_source, &self.target_fingerprint)?))
     }
 
     /// The judge stack of `config`'s top-level `[[judge]]` tables.

@@ -1,0 +1,62 @@
+//! `verdict bench` with EAGLE modes: `eagle:<stack>` drafts with the head as configured and
+//! `eagle-<weights>:<stack>` with its matrices in another format, both in one run; greedy
+//! `exact` writes plain decoding's text whatever the head's weights.
+
+mod common;
+
+use common::{config, spec, tiny_pair};
+use verdict::{
+    bench::{self, BenchOptions, Mode},
+    subset::Subset,
+    tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID},
+};
+
+#[test]
+fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Qwen2, 8);
+    tiny_pair(dir.path(), &s, 0.2);
+    let draft_vocab: Vec<u32> = (FIRST_WORD_ID as u32..FIRST_WORD_ID as u32 + 6).collect();
+    write_tiny_eagle3_head(&s, &dir.path().join("head"), &draft_vocab, [1, 2, 2], 3).unwrap();
+    std::fs::create_dir(dir.path().join("gsm8k")).unwrap();
+    let lines: String = ["w1 w2", "w3 w4 w5"]
+        .iter()
+        .map(|q| format!("{}\n", serde_json::json!({"question": q, "answer": "x\n#### 1"})))
+        .collect();
+    std::fs::write(dir.path().join("gsm8k/test.jsonl"), lines).unwrap();
+
+    let mut config = config(dir.path(), 3, "exact", 16);
+    config.speculative.eagle_head = Some(dir.path().join("head"));
+    let modes: Vec<Mode> = ["plain", "eagle:exact", "eagle-q8_0:exact"].iter().map(|m| m.parse().unwrap()).collect();
+    let out = dir.path().join("report.json");
+    let options = BenchOptions {
+        data_dir: dir.path().join("gsm8k"),
+        split: "test".into(),
+        subset: Subset { ids: None, offset: 0, limit: None },
+        modes: modes.clone(),
+        out: out.clone(),
+        explain_divergences: false,
+        batch: 1,
+    };
+    bench::run(&config, &options).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2 * modes.len());
+    for problem in 0..2u64 {
+        let text = |mode: &str| {
+            runs.iter()
+                .find(|r| r["problem"] == problem && r["mode"] == mode)
+                .unwrap_or_else(|| panic!("no run of {mode} on problem {problem}"))["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(text("eagle:exact"), text("plain"), "problem {problem}");
+        assert_eq!(text("eagle-q8_0:exact"), text("plain"), "problem {problem}");
+    }
+
+    // A format that does not exist is refused before anything loads, naming the mode.
+    let bad = BenchOptions { modes: vec!["eagle-q3:exact".parse().unwrap()], out: dir.path().join("bad.json"), ..options };
+    let err = format!("{:#}", bench::run(&config, &bad).err().expect("an unknown weight format was accepted"));
+    assert!(err.contains("eagle-q3:exact") && err.contains("\"q3\""), "{err}");
+}
