@@ -349,14 +349,23 @@ impl EagleTrainer {
                 self.progress.seconds += started.elapsed().as_secs_f64();
                 updates_now += 1;
                 bar.inc(chunk.len() as u64);
-                bar.set_message(format!(
+                let status = format!(
                     "loss {:.3}  acc/step {}  lr {lr:.1e}",
                     loss.to_scalar::<f32>()?,
                     accuracy.iter().map(|a| format!("{a:.2}")).collect::<Vec<_>>().join(" ")
-                ));
+                );
+                bar.set_message(status.clone());
                 if last_checkpoint.elapsed() >= Duration::from_secs(o.checkpoint_secs) {
                     self.checkpoint(checkpoint_dir)?;
                     last_checkpoint = Instant::now();
+                    // The bar draws only on a terminal; a log gets this line per checkpoint.
+                    tracing::info!(
+                        "checkpoint: epoch {}, {}/{} problems, {:.0} s trained; last update: {status}",
+                        self.progress.epoch + 1,
+                        self.progress.position,
+                        train.len(),
+                        self.progress.seconds
+                    );
                 }
                 if o.stop_after_updates == Some(updates_now) {
                     self.checkpoint(checkpoint_dir)?;
