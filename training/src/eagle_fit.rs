@@ -194,6 +194,45 @@ pub struct EagleTrainer {
     pub progress: FitProgress,
     options: EagleFitOptions,
     embeddings: Arc<dyn TokenEmbeddings>,
+    /// What this run trains on, written with every checkpoint (set by `fit`).
+    identity: Option<RunIdentity>,
+}
+
+/// What a checkpoint was trained on: the head's shape, its draft vocabulary, the training
+/// problems and the options that shape the run. Resuming with anything else would mix two
+/// runs (the LM head's rows would even name other tokens), so it is refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct RunIdentity {
+    head: Eagle3Config,
+    draft_vocab: Vec<u32>,
+    /// File names of the training problems' features, in order.
+    train: Vec<String>,
+    /// The options, less how often checkpoints are written.
+    options: serde_json::Value,
+}
+
+impl RunIdentity {
+    /// The parts of `self` that differ from `other`, named for a message.
+    fn differences(&self, other: &RunIdentity) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.head != other.head {
+            out.push("the head's config".to_string());
+        }
+        if self.draft_vocab != other.draft_vocab {
+            out.push("the draft vocabulary".to_string());
+        }
+        if self.train != other.train {
+            out.push(format!("the training problems ({} then, {} now)", self.train.len(), other.train.len()));
+        }
+        if let (Some(then), Some(now)) = (self.options.as_object(), other.options.as_object()) {
+            for (key, value) in then {
+                if now.get(key) != Some(value) {
+                    out.push(format!("{key} ({value} then, {} now)", now.get(key).unwrap_or(&serde_json::Value::Null)));
+                }
+            }
+        }
+        out
+    }
 }
 
 impl EagleTrainer {
@@ -247,6 +286,7 @@ impl EagleTrainer {
             progress: FitProgress::default(),
             options,
             embeddings,
+            identity: None,
         };
         if checkpoint.join("state.json").is_file() {
             trainer.restore(checkpoint)?;
@@ -268,6 +308,44 @@ impl EagleTrainer {
         Ok(())
     }
 
+    /// Record what this run trains on, and refuse to go on from a checkpoint that trained
+    /// on something else, naming what differs.
+    fn check_identity(&mut self, train: &[PathBuf], checkpoint_dir: &Path) -> Result<()> {
+        let mut options = serde_json::to_value(&self.options)?;
+        if let Some(o) = options.as_object_mut() {
+            o.remove("checkpoint_secs");
+        }
+        let now = RunIdentity {
+            head: self.config.clone(),
+            draft_vocab: self.draft_vocab.clone(),
+            train: train
+                .iter()
+                .map(|p| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned()))
+                .collect(),
+            options,
+        };
+        let recorded = checkpoint_dir.join("identity.json");
+        if recorded.is_file() {
+            let then: RunIdentity = serde_json::from_str(&std::fs::read_to_string(&recorded)?)
+                .with_context(|| format!("cannot read {}", recorded.display()))?;
+            let differences = then.differences(&now);
+            ensure!(
+                differences.is_empty(),
+                "the EAGLE checkpoint in {} was trained with another {}; resume with the same data and flags, or move {} away to start over",
+                checkpoint_dir.display(),
+                differences.join(", "),
+                checkpoint_dir.display()
+            );
+        } else if self.progress.updates > 0 {
+            tracing::warn!(
+                "the EAGLE checkpoint in {} does not record what it trained on (written before this check existed); resuming",
+                checkpoint_dir.display()
+            );
+        }
+        self.identity = Some(now);
+        Ok(())
+    }
+
     /// Write the checkpoint to `dir` whole or not at all (a folder beside, then swapped).
     pub fn checkpoint(&self, dir: &Path) -> Result<()> {
         let partial = dir.with_extension("partial");
@@ -277,6 +355,9 @@ impl EagleTrainer {
         self.varmap.save(partial.join("head.safetensors"))?;
         self.optimizer.save_state(&partial.join("adam.safetensors"))?;
         std::fs::write(partial.join("state.json"), serde_json::to_string_pretty(&self.progress)?)?;
+        if let Some(identity) = &self.identity {
+            std::fs::write(partial.join("identity.json"), serde_json::to_string(identity)?)?;
+        }
         let _ = std::fs::remove_dir_all(&old);
         if dir.exists() {
             std::fs::rename(dir, &old)?;
@@ -308,6 +389,7 @@ impl EagleTrainer {
     /// Returns false when stopped early by `stop_after_updates`.
     pub fn fit(&mut self, train: &[PathBuf], validation: &[PathBuf], checkpoint_dir: &Path) -> Result<bool> {
         ensure!(!train.is_empty(), "no training problems");
+        self.check_identity(train, checkpoint_dir)?;
         let o = self.options.clone();
         let per_epoch = train.len().div_ceil(o.batch);
         let total_updates = per_epoch * o.epochs;

@@ -104,11 +104,16 @@ fn a_head_learns_the_targets_features_and_resumes_exactly() {
     let mut first = EagleTrainer::new(config.clone(), used.clone(), embeddings.clone(), EagleFitOptions { stop_after_updates: Some(5), ..options(4) }, &ckpt).unwrap();
     assert!(!first.fit(&files, &files, &ckpt).unwrap());
     drop(first);
-    let mut resumed = EagleTrainer::new(config, used.clone(), embeddings, options(4), &ckpt).unwrap();
+    let mut resumed = EagleTrainer::new(config.clone(), used.clone(), embeddings.clone(), options(4), &ckpt).unwrap();
     assert_eq!(resumed.progress.updates, 5);
     assert!(resumed.fit(&files, &files, &ckpt).unwrap());
     assert_eq!(params(&resumed), params(&whole), "a resumed run ends elsewhere than an uninterrupted one");
     assert_eq!(resumed.progress.validation, whole.progress.validation);
+
+    // A checkpoint is not resumed on other problems or with another learning rate.
+    let mut other = EagleTrainer::new(config.clone(), used.clone(), embeddings.clone(), EagleFitOptions { lr: 1e-3, ..options(4) }, &ckpt).unwrap();
+    let err = format!("{:#}", other.fit(&files[1..], &files, &ckpt).unwrap_err());
+    assert!(err.contains("training problems (12 then, 11 now)") && err.contains("lr (0.003 then, 0.001 now)"), "{err}");
 
     // The saved head loads in the runtime and computes the trainer's logits: exactly from
     // f32 weights, within f16's rounding from the shipped f16 file.
