@@ -233,7 +233,6 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         );
     }
     let needs_draft = options.modes.iter().any(|m| !m.is_plain() && !m.drafts_with_eagle());
-    let needs_eagle = options.modes.iter().any(Mode::drafts_with_eagle);
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes without the eagle: prefix need models.draft in the config");
     }
