@@ -1,10 +1,10 @@
 //! The decoder-layer pieces EAGLE heads share: attention with its cache and RoPE (and the
 //! unrolled attention of EAGLE-3's training-time test), RMS norm, SwiGLU MLP, and opening
-//! a checkpoint's weights in either file format.
+//! a checkpoint folder (its `config.json`, its weights in either file format).
 
 use std::path::Path;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::VarBuilder;
 
@@ -21,6 +21,13 @@ pub struct AttentionShape {
     pub rope_theta: f64,
     /// Biases on q/k/v (EAGLE-1 heads for Qwen2 targets have them; EAGLE-3 midlayers never).
     pub qkv_bias: bool,
+}
+
+/// `dir/config.json` read as a `kind` head's config ("EAGLE-3").
+pub fn read_config<T: serde::de::DeserializeOwned>(dir: &Path, kind: &str) -> Result<T> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not an {kind} config", path.display()))
 }
 
 /// The weights of a head folder: `model.safetensors`, else `pytorch_model.bin` (the

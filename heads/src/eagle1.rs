@@ -18,7 +18,7 @@ use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    decoder_layer::{head_norm, open_weights, Attention, AttentionShape, HeadCache, HeadNorm, Mlp},
+    decoder_layer::{head_norm, open_weights, read_config, Attention, AttentionShape, HeadCache, HeadNorm, Mlp},
     fingerprint::{check_head_target, ModelFingerprint},
     projection::{projection, Projection},
 };
@@ -127,11 +127,7 @@ impl Eagle1Head {
 
     /// Load `dir/config.json` and `dir/model.safetensors` (or `pytorch_model.bin`).
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
-            .with_context(|| format!("cannot read {}", config_path.display()))?;
-        let config: Eagle1Config = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not an EAGLE-1 config", config_path.display()))?;
+        let config: Eagle1Config = read_config(dir, "EAGLE-1")?;
         let vb = open_weights(dir, device)?;
         if !vb.contains_tensor("layers.0.self_attn.q_proj.weight") || !vb.contains_tensor("fc.weight") {
             let hint = match vb.contains_tensor("midlayer.self_attn.q_proj.weight") {

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::decoder_layer::HeadCache;
 use crate::{
-    decoder_layer::{head_norm, open_weights, Attention, AttentionShape, HeadNorm, Mlp},
+    decoder_layer::{head_norm, open_weights, read_config, Attention, AttentionShape, HeadNorm, Mlp},
     projection::{projection, Projection, WeightFormat},
     fingerprint::{check_head_target, ModelFingerprint},
 };
@@ -209,11 +209,7 @@ impl Eagle3Head {
     /// Load `dir/config.json` and `dir/model.safetensors` (or `pytorch_model.bin`). Tensor
     /// names as the reference writes them (`midlayer.`) or as vLLM does (`layers.0.`).
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
-            .with_context(|| format!("cannot read {}", config_path.display()))?;
-        let config: Eagle3Config = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not an EAGLE-3 config", config_path.display()))?;
+        let config: Eagle3Config = read_config(dir, "EAGLE-3")?;
         let vb = open_weights(dir, device)?;
         let vb = if vb.contains_tensor("midlayer.self_attn.q_proj.weight") {
             vb

@@ -204,7 +204,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         bail!("--modes is empty");
     }
     let known = config.mode_names();
-    let configured_weights = config.speculative.eagle_weights;
+    // The head's weight format of each EAGLE mode, read once.
+    let mut eagle_weights: BTreeMap<Mode, WeightFormat> = BTreeMap::new();
     for mode in &options.modes {
         // `eagle-<weights>:<stack>` is known when `eagle:<stack>` is.
         let as_configured = match mode.drafts_with_eagle() {
@@ -218,7 +219,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 known.join(", ")
             );
         }
-        mode.eagle_weights(configured_weights)?;
+        if mode.drafts_with_eagle() {
+            eagle_weights.insert(mode.clone(), mode.eagle_weights(config.speculative.eagle_weights)?);
+        }
     }
 
     let problems = gsm8k::load(&options.data_dir, &options.split)?;
@@ -256,8 +259,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
     // One proposer (and engine) per weight format the modes ask for.
     let mut eagle = BTreeMap::new();
-    for mode in options.modes.iter().filter(|m| m.drafts_with_eagle()) {
-        let weights = mode.eagle_weights(configured_weights)?;
+    for &weights in eagle_weights.values() {
         if !eagle.contains_key(&weights) {
             eagle.insert(weights, models.eagle_proposer_with(config, weights)?);
         }
@@ -290,8 +292,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             let engine = Engine::with_proposer(&models, proposer, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?;
             engines.insert(weights, engine);
         }
-        let eagle = engines;
-        anyhow::Ok((plain, speculative, eagle))
+        anyhow::Ok((plain, speculative, engines))
     })?;
 
     let total = selected.len() * options.modes.len();
@@ -407,7 +408,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         )),
                         Some(stack) => {
                             let engine = match mode.drafts_with_eagle() {
-                                true => eagle.get(&mode.eagle_weights(configured_weights)?),
+                                true => eagle_weights.get(&mode).and_then(|w| eagle.get(w)),
                                 false => speculative.as_ref(),
                             }
                             .expect("built when a mode drafting with it is asked for");
