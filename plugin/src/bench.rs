@@ -158,7 +158,43 @@ pub struct ModeSummary {
     /// Time in the accept rule as a share of target verify time.
     pub accept_share_of_verify: Option<f64>,
     pub judges: BTreeMap<String, JudgeSummary>,
+    /// Where a speculative step's wall clock goes (speculative modes).
+    pub step_time: Option<StepTime>,
     pub counters: Option<Counters>,
+}
+
+/// A speculative step's wall clock split by what the pipeline timed, in ms per step (prompt
+/// steps included); `other` is the rest: scheduling, sampling, KV rollback, the engine loop.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepTime {
+    pub tokens_per_step: f64,
+    pub total_ms: f64,
+    pub draft_ms: f64,
+    pub observe_ms: f64,
+    pub verify_ms: f64,
+    pub accept_ms: f64,
+    pub other_ms: f64,
+}
+
+impl StepTime {
+    fn of(c: &Counters, seconds: f64) -> Option<Self> {
+        if c.steps == 0 {
+            return None;
+        }
+        let per_step = |s: f64| 1000.0 * s / c.steps as f64;
+        let verify = c.verify_seconds + c.prefill_verify_seconds;
+        Some(Self {
+            tokens_per_step: c.emitted_tokens as f64 / c.steps as f64,
+            total_ms: per_step(seconds),
+            draft_ms: per_step(c.draft_seconds),
+            observe_ms: per_step(c.observe_seconds),
+            verify_ms: per_step(verify),
+            accept_ms: per_step(c.accept_seconds),
+            other_ms: per_step(
+                seconds - c.draft_seconds - c.observe_seconds - verify - c.accept_seconds,
+            ),
+        })
+    }
 }
 
 /// One judge's work over a mode's runs.
@@ -612,6 +648,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                         })
                     });
             let tps = tokens_per_second(mode);
+            let seconds: f64 = mine.iter().map(|r| r.seconds).sum();
             let pairs: Vec<Pair> = mine
                 .iter()
                 .filter_map(|r| {
@@ -680,6 +717,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                             .collect()
                     })
                     .unwrap_or_default(),
+                step_time: counters.as_ref().and_then(|c| StepTime::of(c, seconds)),
                 counters,
             }
         })
@@ -767,6 +805,37 @@ pub fn table(summaries: &[ModeSummary]) -> String {
             ratio(s.speed_vs_plain),
             percent(s.accept_share_of_verify, 2),
             judge_cell(&s.judges),
+        );
+    }
+    out
+}
+
+/// Where each speculative mode's step time goes, beside plain decoding's time per token.
+pub fn step_time_table(summaries: &[ModeSummary]) -> String {
+    let mut out = String::new();
+    let plain_ms = summaries
+        .iter()
+        .find(|s| s.mode == Mode::plain().name())
+        .filter(|s| s.tokens_per_second > 0.0)
+        .map(|s| 1000.0 / s.tokens_per_second);
+    let _ = writeln!(out, "| mode | tokens / step | ms / step | draft | head observe | verify | accept rule | other | step in plain tokens |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for s in summaries {
+        let Some(t) = &s.step_time else { continue };
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {} |",
+            s.mode,
+            t.tokens_per_step,
+            t.total_ms,
+            t.draft_ms,
+            t.observe_ms,
+            t.verify_ms,
+            t.accept_ms,
+            t.other_ms,
+            plain_ms
+                .map(|p| format!("{:.2}", t.total_ms / p))
+                .unwrap_or_else(|| "–".into()),
         );
     }
     out

@@ -26,7 +26,7 @@ use crate::{
     judges::LoadedFingerprints,
     metrics::Metrics,
     models::{cache_dir, resolve, ModelSource},
-    proposers::eagle_proposer::EagleProposer,
+    proposers::{eagle_proposer::EagleProposer, timed::TimedProposer},
 };
 
 pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
@@ -150,6 +150,7 @@ impl LoadedModels {
         LoadedFingerprints {
             target: &self.target_fingerprint,
             draft: self.draft_fingerprint.as_ref(),
+            target_source: Some(&self.target_source),
         }
     }
 
@@ -269,6 +270,7 @@ impl Engine {
         max_seqs: usize,
     ) -> Result<Self> {
         stack.check_drafts_without_model()?;
+        let proposer: Arc<dyn Proposer> = Arc::new(TimedProposer::new(proposer, metrics.clone()));
         Self::over_speculative(max_seqs, stack, seed, metrics, |accept_rule| {
             SpeculativePipeline::with_proposer(models.target.clone(), proposer, SpeculativeConfig { gamma, accept_rule })
         })

@@ -207,6 +207,10 @@ fn main() -> Result<()> {
                 },
             )?;
             println!("{}", bench::table(&report.summaries));
+            let steps = bench::step_time_table(&report.summaries);
+            if steps.lines().count() > 2 {
+                println!("Where a speculative step's time goes (ms per step):\n{steps}");
+            }
             if !report.divergences.is_empty() {
                 println!(
                     "Outputs that differ from plain decoding:\n{}",
@@ -352,8 +356,9 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
                 c.accepted_per_position
             );
             eprintln!(
-                "time per step: draft {:.1} ms, verify {:.1} ms (prompt steps excluded), accept rule {:.2} ms",
+                "time per step: draft {:.1} ms, head observe {:.1} ms, verify {:.1} ms (prompt steps excluded), accept rule {:.2} ms",
                 1000.0 * c.draft_seconds / c.steps as f64,
+                1000.0 * c.observe_seconds / c.steps as f64,
                 1000.0 * Metrics::mean_verify_seconds(&c),
                 1000.0 * c.accept_seconds / c.steps as f64
             );

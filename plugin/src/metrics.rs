@@ -29,6 +29,10 @@ pub struct Counters {
     /// `accepted_per_position[i]`: steps whose draft at position i was kept.
     pub accepted_per_position: Vec<u64>,
     pub draft_seconds: f64,
+    /// A head proposer taking in the target's features of the committed positions after
+    /// each verify (its own forward over them); the draft model has none.
+    #[serde(default)]
+    pub observe_seconds: f64,
     /// Target verify forwards over γ + 1 tokens, prompt steps excluded.
     pub verify_seconds: f64,
     /// First steps of requests, whose verify forward also processed the prompt.
@@ -83,6 +87,7 @@ impl Counters {
             emitted_tokens: a.emitted_tokens + b.emitted_tokens,
             accepted_per_position: per_position,
             draft_seconds: a.draft_seconds + b.draft_seconds,
+            observe_seconds: a.observe_seconds + b.observe_seconds,
             verify_seconds: a.verify_seconds + b.verify_seconds,
             prefill_steps: a.prefill_steps + b.prefill_steps,
             prefill_verify_seconds: a.prefill_verify_seconds + b.prefill_verify_seconds,
@@ -119,6 +124,7 @@ impl Counters {
             emitted_tokens: self.emitted_tokens - earlier.emitted_tokens,
             accepted_per_position: per_position,
             draft_seconds: self.draft_seconds - earlier.draft_seconds,
+            observe_seconds: self.observe_seconds - earlier.observe_seconds,
             verify_seconds: self.verify_seconds - earlier.verify_seconds,
             prefill_steps: self.prefill_steps - earlier.prefill_steps,
             prefill_verify_seconds: self.prefill_verify_seconds - earlier.prefill_verify_seconds,
@@ -160,6 +166,10 @@ impl Metrics {
             c.verify_seconds += verify.as_secs_f64();
         }
         c.accept_seconds += accept.as_secs_f64();
+    }
+
+    pub fn record_observe(&self, observe: Duration) {
+        self.lock().observe_seconds += observe.as_secs_f64();
     }
 
     /// Mean time of one verify forward over γ + 1 tokens (prompt steps excluded).
@@ -239,6 +249,12 @@ impl Metrics {
             "counter",
             "Time drafting.",
             c.draft_seconds,
+        );
+        metric(
+            "spec_decode_observe_seconds_total",
+            "counter",
+            "Time a head proposer spent taking in the target's features after each verify.",
+            c.observe_seconds,
         );
         metric(
             "spec_decode_verify_seconds_total",

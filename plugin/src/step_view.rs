@@ -60,6 +60,11 @@ impl<'a> StepView<'a> {
         argmax(&self.target_logits[position])
     }
 
+    /// The target's raw logits at `position`.
+    pub fn target_logits(&self, position: usize) -> &[f32] {
+        &self.target_logits[position]
+    }
+
     /// The target's distribution at `position` (temperature 1 when decoding greedily, so
     /// judges that compare distributions still have one).
     pub fn target_probs(&self, position: usize) -> &[f32] {

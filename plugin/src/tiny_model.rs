@@ -304,3 +304,22 @@ pub fn write_tiny_eagle3_head(
     drop(vars);
     save_checkpoint(dir, &config, &varmap, Some(draft_vocab), DType::F32)
 }
+
+/// A randomly initialised EAGLE-3 head (width `hidden`, 4 heads, 2 KV heads, MLP 24) whose
+/// draft ids map to `draft_ids`, with random (vocab, hidden) embeddings: for unit tests of
+/// drafting, which need no saved head.
+pub fn random_eagle3_head(
+    hidden: usize,
+    vocab: usize,
+    draft_ids: Vec<u32>,
+) -> Result<(verdict_heads::Eagle3Head, crate::proposers::eagle::DenseEmbeddings)> {
+    let config: verdict_heads::Eagle3Config = serde_json::from_value(json!({
+        "hidden_size": hidden, "intermediate_size": 24, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": vocab, "draft_vocab_size": draft_ids.len(),
+    }))?;
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let head = verdict_heads::Eagle3Head::new(config, vb, Some(draft_ids))?;
+    let embeddings = Tensor::randn(0f32, 1.0, (vocab, hidden), &Device::Cpu)?;
+    Ok((head, crate::proposers::eagle::DenseEmbeddings(embeddings)))
+}

@@ -55,6 +55,19 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         assert_eq!(text("eagle-q8_0:exact"), text("plain"), "problem {problem}");
     }
 
+    // The head's forward over committed positions is timed and a step's time accounted for.
+    let summaries = report["summary"].as_array().unwrap();
+    let summary = |mode: &str| summaries.iter().find(|s| s["mode"] == mode).unwrap();
+    assert!(summary("plain")["step_time"].is_null());
+    for mode in ["eagle:exact", "eagle-q8_0:exact"] {
+        let counters = &summary(mode)["counters"];
+        assert!(counters["observe_seconds"].as_f64().unwrap() > 0.0, "{mode}: {counters}");
+        let t = &summary(mode)["step_time"];
+        let part = |k: &str| t[k].as_f64().unwrap();
+        let parts = part("draft_ms") + part("observe_ms") + part("verify_ms") + part("accept_ms") + part("other_ms");
+        assert!((parts - part("total_ms")).abs() < 1e-6 && part("other_ms") >= 0.0, "{mode}: {t}");
+    }
+
     // A format that does not exist is refused before anything loads, naming the mode.
     let bad = BenchOptions { modes: vec!["eagle-q3:exact".parse().unwrap()], out: dir.path().join("bad.json"), ..options };
     let err = format!("{:#}", bench::run(&config, &bad).err().expect("an unknown weight format was accepted"));

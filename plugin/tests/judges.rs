@@ -142,6 +142,34 @@ fn dropmatch_with_the_same_seed_reproduces_and_rescues() {
     );
 }
 
+#[test]
+fn dropmatch_over_candidates_covering_the_vocabulary_decides_as_the_full_lm_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let (models, config) = setup(dir.path());
+    for criterion in ["naive", "js+majority"] {
+        let judges = |candidates: usize| {
+            format!("[[judge]]\nkind = \"dropmatch\"\np = 0.5\ncriterion = \"{criterion}\"\nseed = 3\ncandidates = {candidates}\n")
+        };
+        let full = run(&models, &config, stack(&models, &config, &judges(0)));
+        // The tiny LM head's rows read from the target's file, every token a candidate.
+        let rows = run(&models, &config, stack(&models, &config, &judges(1 << 20)));
+        assert_eq!(rows.texts, full.texts, "{criterion}");
+        let (a, b) = (&full.counters.judges["dropmatch"], &rows.counters.judges["dropmatch"]);
+        assert_eq!((a.calls, a.rescues), (b.calls, b.rescues), "{criterion}");
+        if criterion == "naive" {
+            assert!(a.rescues > 0, "no rescue: the comparison would pass with judges that never fire");
+        }
+    }
+    // A target without an LM head to read is refused naming the option.
+    let err = verdict::judges::DropMatch::load(
+        toml::from_str("candidates = 8").unwrap(),
+        &verdict::judges::LoadedFingerprints { target: &models.target_fingerprint, draft: None, target_source: None },
+    )
+    .err()
+    .expect("candidates without the target's weights were accepted");
+    assert!(format!("{err:#}").contains("candidates"), "{err:#}");
+}
+
 fn write_autojudge(models: &LoadedModels, dir: &Path, features: FeatureSpec, p: f32) -> String {
     let head = LogisticHead::constant(
         features,

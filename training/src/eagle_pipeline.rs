@@ -2,7 +2,7 @@
 //! GSM8K train prompts (self-distillation, batched plain decoding through `verdict bench`),
 //! their features, the draft vocabulary, training, and the head with its report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use serde::Serialize;
@@ -15,11 +15,12 @@ use verdict::{
     subset::Subset,
     tasks::{gsm8k, TaskAdapter},
 };
-use verdict_heads::{eagle3::default_aux_layers, Eagle3Config};
+use verdict_heads::{eagle3::default_aux_layers, Eagle3Config, Eagle3Head, WeightFormat};
 
 use crate::{
     eagle_capture::{capture_sequence, features_path, SequenceFeatures},
     eagle_fit::{coverage, draft_vocabulary, estimated_tau, EagleFitOptions, EagleTrainer},
+    eagle_replay::{replay_problems, ChainReplay},
     engine::MistralEngines,
 };
 
@@ -57,6 +58,10 @@ struct EagleReport<'a> {
     /// 1 + Σ_k Π_{j ≤ k} acc_j from the last validation: an estimate, the accuracies are
     /// measured with earlier tokens teacher-forced.
     estimated_tau: f64,
+    /// The saved head's greedy chain drafting (γ = the unrolled steps) replayed on the
+    /// held-out responses: the τ a greedy `exact` bench of them would measure.
+    held_out_replay: ChainReplay,
+    held_out_replay_tau: f64,
 }
 
 /// Run every stage not yet done; returns the head's folder.
@@ -157,9 +162,12 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     let embeddings = target_embeddings(&models.target_source)?;
     let checkpoint = plan.work.join("checkpoint");
     tracing::info!("stage 3/3: training on {} problems, validating on {}", train.len(), validation.len());
-    let mut trainer = EagleTrainer::new(head_config, used, embeddings, options.clone(), &checkpoint)?;
+    let mut trainer = EagleTrainer::new(head_config, used, embeddings.clone(), options.clone(), &checkpoint)?;
     trainer.fit(&train, &validation, &checkpoint)?;
     trainer.save_head(&plan.out, candle_core::DType::F16)?;
+    tracing::info!("replaying greedy chain drafting (γ {}) on the {} held-out responses", options.ttt_steps, validation.len());
+    let saved = Eagle3Head::load(&plan.out, &candle_core::Device::Cpu)?;
+    let replay = replay_problems(&saved, &*embeddings, &validation, options.ttt_steps, vocab_size)?;
     let last = trainer.progress.validation.last().cloned().unwrap_or_default();
     let report = EagleReport {
         plan,
@@ -172,14 +180,44 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
         draft_vocab_coverage_validation: held_out_coverage,
         estimated_tau: estimated_tau(&last),
         validation_accuracy_per_step: trainer.progress.validation.clone(),
+        held_out_replay_tau: replay.tau(),
+        held_out_replay: replay,
     };
     std::fs::write(plan.out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
     tracing::info!(
-        "EAGLE-3 head in {}: held-out accuracy per step {last:.3?}, estimated τ {:.2}",
+        "EAGLE-3 head in {}: held-out accuracy per step {last:.3?}, estimated τ {:.2}, replayed τ {:.2}",
         plan.out.display(),
-        report.estimated_tau
+        report.estimated_tau,
+        report.held_out_replay_tau
     );
     Ok(plan.out.clone())
+}
+
+/// `train-head eagle-replay`: a head's greedy chain drafting replayed on the held-out
+/// problems' features under `work` (every `hold_out_every`-th problem, as training held out).
+pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, work: &Path, hold_out_every: usize, gamma: usize) -> Result<ChainReplay> {
+    ensure!(hold_out_every >= 1 && gamma >= 1, "--hold-out-every and --gamma must be at least 1");
+    let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+    let target = verdict::models::resolve(&config.models.target, &cache).context("models.target")?;
+    let mut head = Eagle3Head::load(head_dir, &candle_core::Device::Cpu)?;
+    head.quantize(weights)?;
+    let features = work.join("features");
+    let mut held_out = Vec::new();
+    for entry in std::fs::read_dir(&features).with_context(|| format!("cannot list {}", features.display()))? {
+        let path = entry?.path();
+        let index = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|_| path.extension().is_some_and(|e| e == "safetensors"))
+            .and_then(|s| s.parse::<usize>().ok());
+        if index.is_some_and(|i| i % hold_out_every == 0) {
+            held_out.push(path);
+        }
+    }
+    held_out.sort();
+    ensure!(!held_out.is_empty(), "{} holds no held-out problem's features (every {hold_out_every}-th)", features.display());
+    tracing::info!("replaying {} held-out problems with γ {gamma}, weights {weights}", held_out.len());
+    replay_problems(&head, &*target_embeddings(&target)?, &held_out, gamma, head.config.vocab_size)
 }
 
 /// The head's `config.json`: the target's width, RoPE base and vocabulary, and its

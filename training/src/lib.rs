@@ -11,6 +11,7 @@ pub mod eagle_capture;
 pub mod eagle_fit;
 pub mod eagle_loss;
 pub mod eagle_pipeline;
+pub mod eagle_replay;
 pub mod engine;
 pub mod features;
 pub mod fit;

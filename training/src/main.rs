@@ -13,7 +13,7 @@ use verdict_heads::FeatureSpec;
 use verdict_training::{
     autojudge_head::{fit_autojudge_head, FeatureModels},
     eagle_fit::EagleFitOptions,
-    eagle_pipeline::{train_eagle, EaglePlan},
+    eagle_pipeline::{replay_held_out, train_eagle, EaglePlan},
     engine::MistralEngines,
     features::compute_features,
     fit::FitOptions,
@@ -49,6 +49,29 @@ enum Command {
     /// An EAGLE-3 draft head, self-distilled: the target's greedy responses to GSM8K train
     /// prompts, their features, training; every stage resumes where a kill left it.
     Eagle(EagleArgs),
+    /// Replay an EAGLE-3 head's greedy chain drafting on the held-out problems' features:
+    /// the τ a greedy `exact` bench of those responses would measure, without running one.
+    EagleReplay(EagleReplayArgs),
+}
+
+#[derive(Args)]
+struct EagleReplayArgs {
+    /// A verdict config naming the target (its embeddings feed the head).
+    #[arg(long, short, default_value = "configs/default.toml")]
+    config: PathBuf,
+    /// The head folder (config.json, model.safetensors).
+    #[arg(long, default_value = "heads/gsm8k-eagle3")]
+    head: PathBuf,
+    /// The head's matrices: f32, q8_0 or q4k.
+    #[arg(long, default_value = "f32")]
+    weights: verdict_heads::WeightFormat,
+    /// `train-head eagle`'s work folder (its features/).
+    #[arg(long, default_value = ".verdict-work/gsm8k/eagle")]
+    work: PathBuf,
+    #[arg(long, default_value_t = 20)]
+    hold_out_every: usize,
+    #[arg(long, default_value_t = 4)]
+    gamma: usize,
 }
 
 #[derive(Args)]
@@ -419,6 +442,19 @@ fn main() -> Result<()> {
         ),
         Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
         Some(Command::Eagle(args)) => run_eagle(&args),
+        Some(Command::EagleReplay(args)) => {
+            let config = Config::load(&args.config)?;
+            let replay = replay_held_out(&config, &args.head, args.weights, &args.work, args.hold_out_every, args.gamma)?;
+            println!(
+                "{}: τ {:.3} over {} steps (γ {}), accepted per draft position {:?}",
+                args.head.display(),
+                replay.tau(),
+                replay.steps,
+                replay.gamma,
+                replay.accepted_per_position
+            );
+            Ok(())
+        }
         None => {
             let all = cli.all;
             let mut engines = all.mine.task.engines()?;

@@ -6,6 +6,14 @@
 //! Masks are drawn from a generator keyed by (seed, context, position, head): the context
 //! (the tokens before the step) identifies the request and the step, so a run reproduces
 //! whatever the batch or the order of requests.
+//!
+//! With `candidates = N` the heads score only the target's N most likely tokens and the
+//! draft: N rows of the LM head read from the target's weights instead of all 151,936, and
+//! distributions renormalised over those tokens. Next to an EAGLE step (≈ 65 ms here) the
+//! full LM head's K rows and K + 1 full-vocabulary softmaxes are a large share; N rows are
+//! not. The votes and JS terms change only by the mass outside the candidates.
+
+use std::sync::Arc;
 
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -13,10 +21,12 @@ use mistralrs_core::speculative_hook::CaptureRequest;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Deserialize;
 
+use super::LoadedFingerprints;
 use crate::{
     distribution::argmax,
     divergence::{log_softmax, Divergence},
     judge::Judge,
+    proposers::{eagle::TokenEmbeddings, embeddings::target_output_rows},
     step_view::StepView,
 };
 
@@ -48,6 +58,10 @@ pub struct DropMatchConfig {
     /// Seed of the mask generator.
     #[serde(default)]
     pub seed: u64,
+    /// Score only the target's this many most likely tokens (and the draft); 0: the whole
+    /// vocabulary through the target's LM head.
+    #[serde(default)]
+    pub candidates: usize,
 }
 
 fn default_k() -> usize {
@@ -77,11 +91,28 @@ impl DropMatchConfig {
 
 pub struct DropMatch {
     config: DropMatchConfig,
+    /// The target's LM-head rows, read when `candidates` > 0.
+    output_rows: Option<Arc<dyn TokenEmbeddings>>,
 }
 
 impl DropMatch {
+    /// A judge over the whole vocabulary (`candidates` is ignored).
     pub fn new(config: DropMatchConfig) -> Self {
-        Self { config }
+        Self { config, output_rows: None }
+    }
+
+    /// The judge `config` asks for: with `candidates` > 0 it reads the target's LM-head rows
+    /// from the target's weights.
+    pub fn load(config: DropMatchConfig, models: &LoadedFingerprints) -> Result<Self> {
+        if config.candidates == 0 {
+            return Ok(Self::new(config));
+        }
+        let source = models
+            .target_source
+            .context("candidates > 0 needs the target's weights, and no target file is known")?;
+        let rows = target_output_rows(source)
+            .with_context(|| format!("candidates = {}: reading the target's LM head", config.candidates))?;
+        Ok(Self { config, output_rows: Some(rows) })
     }
 
     /// `[k, hidden]` inverted-dropout masks: 0 with probability p, else 1 / (1 − p).
@@ -103,29 +134,73 @@ impl DropMatch {
         out
     }
 
-    /// The K heads' logits at `position`: the LM head applied to masked copies of the
-    /// hidden state that produced the target's logits there.
-    fn head_logits(&self, view: &StepView, position: usize) -> Result<Vec<Vec<f32>>> {
+    /// `[k, hidden]` masked copies of the hidden state that produced the target's logits at
+    /// `position`.
+    fn masked_hidden(&self, view: &StepView, position: usize) -> Result<Tensor> {
         let hidden = view
             .ctx
             .target_hidden
             .last
             .as_ref()
             .context("DropMatch needs the target's last hidden state; it was not captured")?;
-        let lm_head = view
-            .ctx
-            .target_lm_head
-            .context("DropMatch needs the target's LM head; it was not captured")?;
         let h = hidden.get(position)?;
         let d = h.dim(0)?;
         let masks = self.masks(context_key(view.ctx.prefix), position, d);
         let masks = Tensor::from_vec(masks, (self.config.k, d), &Device::Cpu)?
             .to_device(h.device())?
             .to_dtype(h.dtype())?;
-        let masked = masks.broadcast_mul(&h.unsqueeze(0)?)?.unsqueeze(0)?;
+        Ok(masks.broadcast_mul(&h.unsqueeze(0)?)?)
+    }
+
+    /// The K heads' logits over the whole vocabulary: the target's LM head on the masked
+    /// hidden states.
+    fn head_logits(&self, view: &StepView, position: usize) -> Result<Vec<Vec<f32>>> {
+        let lm_head = view
+            .ctx
+            .target_lm_head
+            .context("DropMatch needs the target's LM head; it was not captured")?;
+        let masked = self.masked_hidden(view, position)?.unsqueeze(0)?;
         let logits = lm_head.forward(&masked)?.squeeze(0)?.to_dtype(DType::F32)?;
         Ok(logits.to_vec2::<f32>()?)
     }
+
+    /// Algorithm 1 over `tokens` only: the heads' logits of those tokens and the draft's
+    /// distribution renormalised over them.
+    fn rescues_among_candidates(&self, view: &StepView, position: usize, rows: &dyn TokenEmbeddings) -> Result<bool> {
+        let draft = view.draft_token(position);
+        let tokens = candidates(view.target_logits(position), self.config.candidates, draft);
+        let weights = rows.embed(&tokens)?;
+        let masked = self.masked_hidden(view, position)?.to_dtype(DType::F32)?;
+        let heads = masked
+            .to_device(weights.device())?
+            .matmul(&weights.t()?)?
+            .to_vec2::<f32>()?;
+        let draft_log_probs = view.draft_log_probs(position);
+        let restricted: Vec<f32> = tokens.iter().map(|&t| draft_log_probs[t as usize]).collect();
+        // The draft is the last candidate when the target ranks it outside the N best.
+        let draft_index = tokens.iter().position(|&t| t == draft).expect("the draft is a candidate") as u32;
+        Ok(heads_accept(self.config.criterion, draft_index, &log_softmax(&restricted), &heads))
+    }
+}
+
+/// The `n` tokens of highest target logit (ties to the lower id), then `draft` unless among
+/// them; the whole vocabulary, in id order, when `n` covers it.
+pub fn candidates(target_logits: &[f32], n: usize, draft: u32) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..target_logits.len() as u32).collect();
+    if n < ids.len() {
+        let by_logit = |a: &u32, b: &u32| {
+            target_logits[*b as usize]
+                .total_cmp(&target_logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        ids.select_nth_unstable_by(n, by_logit);
+        ids.truncate(n);
+        ids.sort_unstable_by(by_logit);
+        if !ids.contains(&draft) {
+            ids.push(draft);
+        }
+    }
+    ids
 }
 
 impl Judge for DropMatch {
@@ -136,12 +211,15 @@ impl Judge for DropMatch {
     fn target_capture(&self) -> CaptureRequest {
         CaptureRequest {
             last_hidden: true,
-            lm_head: true,
+            lm_head: self.output_rows.is_none(),
             ..Default::default()
         }
     }
 
     fn rescues(&self, view: &StepView, position: usize) -> Result<bool> {
+        if let Some(rows) = &self.output_rows {
+            return self.rescues_among_candidates(view, position, &**rows);
+        }
         let heads = self.head_logits(view, position)?;
         Ok(heads_accept(
             self.config.criterion,
@@ -229,6 +307,7 @@ mod tests {
             p,
             criterion: Criterion::JsMajority,
             seed: 7,
+            candidates: 0,
         })
     }
 
@@ -324,6 +403,18 @@ mod tests {
             .map(|t| heads.iter().map(|h| log_softmax(h)[t].exp()).sum::<f32>() / 3.0)
             .collect();
         assert_eq!(argmax(&mean_probs), 0);
+    }
+
+    #[test]
+    fn candidates_are_the_best_target_tokens_then_the_draft() {
+        let logits = [0.5, 3.0, -1.0, 3.0, 2.0, 0.0];
+        // Ranked by logit, the tie 1/3 to the lower id; the draft appended when not ranked.
+        assert_eq!(candidates(&logits, 3, 4), vec![1, 3, 4]);
+        assert_eq!(candidates(&logits, 3, 2), vec![1, 3, 4, 2]);
+        assert_eq!(candidates(&logits, 1, 1), vec![1]);
+        // n covering the vocabulary: every token, in id order.
+        assert_eq!(candidates(&logits, 6, 2), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(candidates(&logits, 100, 2), vec![0, 1, 2, 3, 4, 5]);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub use pad::{Pad, PadConfig};
 use crate::{
     config::JudgeConfig,
     judge::{Judge, JudgeStack},
+    models::ModelSource,
     rules::BaseRule,
 };
 
@@ -41,6 +42,8 @@ pub enum JudgeSpec {
 pub struct LoadedFingerprints<'a> {
     pub target: &'a ModelFingerprint,
     pub draft: Option<&'a ModelFingerprint>,
+    /// The target's weights, for judges that read rows of its LM head.
+    pub target_source: Option<&'a ModelSource>,
 }
 
 fn params<T: DeserializeOwned>(table: &JudgeConfig) -> Result<T> {
@@ -82,7 +85,7 @@ impl JudgeSpec {
     fn build(&self, base_dir: &Path, models: &LoadedFingerprints) -> Result<Box<dyn Judge>> {
         Ok(match self {
             JudgeSpec::Fsd(c) => Box::new(Fsd::new(c.clone())),
-            JudgeSpec::DropMatch(c) => Box::new(DropMatch::new(c.clone())),
+            JudgeSpec::DropMatch(c) => Box::new(DropMatch::load(c.clone(), models)?),
             JudgeSpec::AutoJudge(c) => Box::new(AutoJudge::load(c, base_dir, models)?),
             JudgeSpec::Pad(c) => Box::new(Pad::load(c, base_dir, models)?),
         })

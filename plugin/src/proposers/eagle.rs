@@ -136,9 +136,7 @@ impl SequenceDrafter {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, D};
-    use candle_nn::{VarBuilder, VarMap};
-    use verdict_heads::Eagle3Config;
+    use candle_core::{Device, D};
 
     use super::*;
 
@@ -147,17 +145,7 @@ mod tests {
 
     /// A random tiny head over a reduced draft vocabulary, and random embeddings.
     fn head_and_embeddings() -> (Eagle3Head, DenseEmbeddings) {
-        let config: Eagle3Config = serde_json::from_value(serde_json::json!({
-            "hidden_size": HIDDEN, "intermediate_size": 24, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": VOCAB, "draft_vocab_size": 12,
-        }))
-        .unwrap();
-        let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let used: Vec<u32> = (0..12).map(|i| i * 2 + 3).collect();
-        let head = Eagle3Head::new(config, vb, Some(used)).unwrap();
-        let embeddings = Tensor::randn(0f32, 1.0, (VOCAB, HIDDEN), &Device::Cpu).unwrap();
-        (head, DenseEmbeddings(embeddings))
+        crate::tiny_model::random_eagle3_head(HIDDEN, VOCAB, (0..12).map(|i| i * 2 + 3).collect()).unwrap()
     }
 
     fn greedy(row: &Tensor) -> Result<u32> {

@@ -8,14 +8,12 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
 use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
-use super::{
-    eagle::{DenseEmbeddings, SequenceDrafter, TokenEmbeddings},
-    embeddings::QuantizedEmbeddings,
-};
+pub use super::embeddings::target_embeddings;
+use super::eagle::{SequenceDrafter, TokenEmbeddings};
 use crate::models::ModelSource;
 
 pub struct EagleProposer {
@@ -104,29 +102,6 @@ mod tests {
         assert!(err.contains("layer 0"), "{err}");
         let err = format!("{:#}", capture_layers(&[2, 14, 29], 28).unwrap_err());
         assert!(err.contains("29") && err.contains("28 layers"), "{err}");
-    }
-}
-
-/// The target's input embeddings: rows dequantized on demand from a GGUF, or the dense
-/// `model.embed_tokens.weight` of a safetensors folder.
-pub fn target_embeddings(target: &ModelSource) -> Result<Arc<dyn TokenEmbeddings>> {
-    match target {
-        ModelSource::Gguf(path) => Ok(Arc::new(QuantizedEmbeddings::from_gguf(path)?)),
-        ModelSource::Safetensors(dir) => {
-            let files = std::fs::read_dir(dir)
-                .with_context(|| format!("cannot list {}", dir.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect::<Vec<_>>();
-            for file in files {
-                let tensors = candle_core::safetensors::load(&file, &Device::Cpu)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-                if let Some(table) = tensors.get("model.embed_tokens.weight") {
-                    return Ok(Arc::new(DenseEmbeddings(table.to_dtype(DType::F32)?)));
-                }
-            }
-            bail!("{} has no model.embed_tokens.weight", dir.display())
-        }
     }
 }
 

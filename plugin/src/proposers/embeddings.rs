@@ -1,16 +1,57 @@
-//! The target's token embeddings for a draft head, read from its GGUF without dequantizing
-//! the whole table (151,936 × 1,536 values are ≈ 0.9 GB as f32): each asked-for row's blocks
-//! are dequantized on their own.
+//! Rows of the target's large (vocab, hidden) matrices without a dense copy: its token
+//! embeddings for a draft head, its LM head's rows for judges that score a few tokens. From a
+//! GGUF each asked-for row's blocks are dequantized on their own (151,936 × 1,536 values are
+//! ≈ 0.9 GB as f32).
 
-use std::{borrow::Cow, path::Path};
+use std::{borrow::Cow, path::Path, sync::Arc};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::{
     quantized::{gguf_file, QStorage, QTensor},
-    Device, Tensor,
+    DType, Device, Tensor,
 };
 
-use super::eagle::TokenEmbeddings;
+use super::eagle::{DenseEmbeddings, TokenEmbeddings};
+use crate::models::ModelSource;
+
+/// The target's input embeddings.
+pub fn target_embeddings(target: &ModelSource) -> Result<Arc<dyn TokenEmbeddings>> {
+    matrix_rows(target, &["token_embd.weight"], &["model.embed_tokens.weight"])
+}
+
+/// The target's LM head (its output projection; the embeddings when they are tied).
+pub fn target_output_rows(target: &ModelSource) -> Result<Arc<dyn TokenEmbeddings>> {
+    matrix_rows(
+        target,
+        &["output.weight", "token_embd.weight"],
+        &["lm_head.weight", "model.embed_tokens.weight"],
+    )
+}
+
+/// The first of `gguf_names` in a GGUF (kept quantized), or of `dense_names` in a
+/// safetensors folder (as f32).
+fn matrix_rows(target: &ModelSource, gguf_names: &[&str], dense_names: &[&str]) -> Result<Arc<dyn TokenEmbeddings>> {
+    match target {
+        ModelSource::Gguf(path) => Ok(Arc::new(QuantizedEmbeddings::from_gguf(path, gguf_names)?)),
+        ModelSource::Safetensors(dir) => {
+            let files = std::fs::read_dir(dir)
+                .with_context(|| format!("cannot list {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect::<Vec<_>>();
+            for name in dense_names {
+                for file in &files {
+                    let tensors = candle_core::safetensors::load(file, &Device::Cpu)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                    if let Some(table) = tensors.get(*name) {
+                        return Ok(Arc::new(DenseEmbeddings(table.to_dtype(DType::F32)?)));
+                    }
+                }
+            }
+            bail!("{} has none of {dense_names:?}", dir.display())
+        }
+    }
+}
 
 pub struct QuantizedEmbeddings {
     table: QTensor,
@@ -30,15 +71,15 @@ impl QuantizedEmbeddings {
         Ok(Self { table, row_bytes, hidden })
     }
 
-    /// `token_embd.weight` of a GGUF model.
-    pub fn from_gguf(path: &Path) -> Result<Self> {
+    /// The first tensor of `names` that a GGUF model holds.
+    pub fn from_gguf(path: &Path, names: &[&str]) -> Result<Self> {
         let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         let content = gguf_file::Content::read(&mut file)
             .with_context(|| format!("{} is not a GGUF file", path.display()))?;
-        let table = content
-            .tensor(&mut file, "token_embd.weight", &Device::Cpu)
-            .with_context(|| format!("{} has no token_embd.weight", path.display()))?;
-        Self::new(table)
+        let Some(name) = names.iter().find(|n| content.tensor_infos.contains_key(**n)) else {
+            bail!("{} has none of {names:?}", path.display());
+        };
+        Self::new(content.tensor(&mut file, name, &Device::Cpu)?)
     }
 
     pub fn vocab_size(&self) -> usize {

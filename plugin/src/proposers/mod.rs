@@ -4,3 +4,4 @@
 pub mod eagle;
 pub mod embeddings;
 pub mod eagle_proposer;
+pub mod timed;
