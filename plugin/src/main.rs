@@ -207,9 +207,11 @@ fn main() -> Result<()> {
                 },
             )?;
             println!("{}", bench::table(&report.summaries));
-            let steps = bench::step_time_table(&report.summaries);
-            if steps.lines().count() > 2 {
-                println!("Where a speculative step's time goes (ms per step):\n{steps}");
+            if report.summaries.iter().any(|s| s.step_time.is_some()) {
+                println!(
+                    "Where a speculative step's time goes (ms per step):\n{}",
+                    bench::step_time_table(&report.summaries)
+                );
             }
             if !report.divergences.is_empty() {
                 println!(

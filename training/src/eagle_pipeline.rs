@@ -133,14 +133,7 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
         bar.finish_and_clear();
     }
 
-    let (mut train, mut validation) = (Vec::new(), Vec::new());
-    for run in &runs {
-        let path = features_path(&features, run.problem);
-        match run.problem % plan.hold_out_every == 0 {
-            true => validation.push(path),
-            false => train.push(path),
-        }
-    }
+    let (train, validation) = split_held_out(&runs, &features, plan.hold_out_every);
     ensure!(!train.is_empty() && !validation.is_empty(), "{} training and {} validation problems: generate more", train.len(), validation.len());
     let response_tokens = |paths: &[PathBuf]| -> Result<Vec<Vec<u32>>> {
         paths
@@ -193,6 +186,17 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     Ok(plan.out.clone())
 }
 
+/// The features files of `runs`' problems (each once, by index), split as training holds
+/// out: every `every`-th problem validates.
+fn split_held_out(runs: &[bench::Run], features: &Path, every: usize) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut problems: Vec<usize> = runs.iter().map(|r| r.problem).collect();
+    problems.sort_unstable();
+    problems.dedup();
+    let (validation, train): (Vec<usize>, Vec<usize>) = problems.into_iter().partition(|p| p % every == 0);
+    let paths = |ids: Vec<usize>| ids.into_iter().map(|p| features_path(features, p)).collect();
+    (paths(train), paths(validation))
+}
+
 /// `train-head eagle-replay`: a head's greedy chain drafting replayed on the held-out
 /// problems' features under `work` (every `hold_out_every`-th problem, as training held out).
 pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, work: &Path, hold_out_every: usize, gamma: usize) -> Result<ChainReplay> {
@@ -202,19 +206,10 @@ pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, 
     let mut head = Eagle3Head::load(head_dir, &candle_core::Device::Cpu)?;
     head.quantize(weights)?;
     let features = work.join("features");
-    let mut held_out = Vec::new();
-    for entry in std::fs::read_dir(&features).with_context(|| format!("cannot list {}", features.display()))? {
-        let path = entry?.path();
-        let index = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .filter(|_| path.extension().is_some_and(|e| e == "safetensors"))
-            .and_then(|s| s.parse::<usize>().ok());
-        if index.is_some_and(|i| i % hold_out_every == 0) {
-            held_out.push(path);
-        }
-    }
-    held_out.sort();
+    let runs = bench::load_checkpoint(&bench::checkpoint_path(&work.join("responses.json")))?;
+    let (_, mut held_out) = split_held_out(&runs, &features, hold_out_every);
+    // Responses generated since the last training have no features yet.
+    held_out.retain(|p| p.is_file());
     ensure!(!held_out.is_empty(), "{} holds no held-out problem's features (every {hold_out_every}-th)", features.display());
     tracing::info!("replaying {} held-out problems with γ {gamma}, weights {weights}", held_out.len());
     replay_problems(&head, &*target_embeddings(&target)?, &held_out, gamma, head.config.vocab_size)

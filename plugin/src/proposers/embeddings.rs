@@ -8,6 +8,7 @@ use std::{borrow::Cow, path::Path, sync::Arc};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{
     quantized::{gguf_file, QStorage, QTensor},
+    safetensors::MmapedSafetensors,
     DType, Device, Tensor,
 };
 
@@ -39,16 +40,14 @@ fn matrix_rows(target: &ModelSource, gguf_names: &[&str], dense_names: &[&str]) 
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
                 .collect::<Vec<_>>();
-            for name in dense_names {
-                for file in &files {
-                    let tensors = candle_core::safetensors::load(file, &Device::Cpu)
-                        .with_context(|| format!("cannot read {}", file.display()))?;
-                    if let Some(table) = tensors.get(*name) {
-                        return Ok(Arc::new(DenseEmbeddings(table.to_dtype(DType::F32)?)));
-                    }
-                }
-            }
-            bail!("{} has none of {dense_names:?}", dir.display())
+            // Mapped, so only the one matrix asked for is read, whichever file holds it.
+            let weights = unsafe { MmapedSafetensors::multi(&files) }
+                .with_context(|| format!("cannot read the safetensors files of {}", dir.display()))?;
+            let Some(name) = dense_names.iter().find(|n| weights.get(n).is_ok()) else {
+                bail!("{} has none of {dense_names:?}", dir.display());
+            };
+            let table = weights.load(name, &Device::Cpu)?;
+            Ok(Arc::new(DenseEmbeddings(table.to_dtype(DType::F32)?)))
         }
     }
 }
