@@ -254,3 +254,53 @@ fn gamma_zero_is_refused_by_the_pipeline() {
     });
     assert!(format!("{err:#}").contains("gamma >= 1"), "{err:#}");
 }
+
+/// A request that ends inside its prompt step (max_tokens ≤ γ + 1) takes no further step.
+/// The engine used to mark every sequence running after its prompt step, finished or not; the
+/// finished one then ran one more step whose KV writes landed in the target cache a plain
+/// engine on the same models was decoding with (GSM8K test problem 22: nonsense from plain
+/// decoding right after a PAD request of γ + 1 tokens).
+#[test]
+fn a_request_finished_in_its_prompt_step_takes_no_further_step() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_pair(dir.path(), &spec(TinyArch::Qwen2, 7), 0.0);
+    let gamma = 4;
+    let config = config(dir.path(), gamma, "exact", 3);
+    let models = LoadedModels::load(&config).unwrap();
+    let steps = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let engine = Engine::speculative(
+            &models,
+            gamma,
+            JudgeStack::lossless(BaseRule::Exact),
+            0,
+            Arc::new(Metrics::default()),
+            1,
+        )
+        .await
+        .unwrap();
+        let rule = engine.rule.clone().unwrap();
+        rule.record_steps();
+        for p in prompts() {
+            let out = generate(&engine.mistralrs, &Prompt::Text(p), &config.sampling)
+                .await
+                .unwrap();
+            assert_eq!(out.completion_tokens, 3, "{out:?}");
+            rule.settle().await;
+        }
+        // Room for a step that should not happen.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        rule.settle().await;
+        rule.recorded_steps()
+    });
+    let mut seqs: Vec<usize> = steps.iter().map(|s| s.seq_id).collect();
+    seqs.dedup();
+    assert_eq!(seqs.len(), prompts().len(), "{steps:?}");
+    for seq in seqs {
+        let its: Vec<_> = steps.iter().filter(|s| s.seq_id == seq).collect();
+        assert!(
+            its.len() == 1 && its[0].finished,
+            "sequence {seq} took {} steps after its prompt: {its:?}",
+            its.len() - 1
+        );
+    }
+}

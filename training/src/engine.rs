@@ -201,9 +201,9 @@ impl MistralEngines {
     /// forward: a teacher-forced pass over the tokens the prefix cache lacks (the last
     /// position is always among them).
     ///
-    /// The capture is armed for whichever thread runs a forward, and mistral.rs still runs
-    /// a forward for a generation request after answering it, so a window can record a
-    /// stray forward. Each capture is therefore checked: one recording per requested
+    /// The capture is armed for whichever thread runs a forward, so a window could record a
+    /// stray forward (mistral.rs 0.8.1 ran one more for a request its prompt step finished,
+    /// until patch 0011). Each capture is therefore checked: one recording per requested
     /// layer, the last hidden state over this forward's positions, and the LM head applied
     /// to it giving this forward's logits. A failed check is retried.
     pub fn capture(
