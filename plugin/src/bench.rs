@@ -29,6 +29,8 @@ use crate::{
     tasks::{gsm8k, TaskAdapter},
 };
 
+const PLAIN_AGAIN: &str = "plain-again";
+
 /// One way of decoding compared by the bench: `plain` (the target alone), or the name of
 /// a judge stack (`exact`, `rejection`, `config`, or a `[[stack]]` of the config).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -42,6 +44,17 @@ impl Mode {
 
     pub fn is_plain(&self) -> bool {
         self.0 == "plain"
+    }
+
+    /// `plain-again`: plain decoding once more, after every other mode of each problem. Its
+    /// texts equal `plain`'s unless state leaks between engines or requests.
+    pub fn plain_again() -> Self {
+        Mode(PLAIN_AGAIN.into())
+    }
+
+    /// The target alone decodes (`plain` or `plain-again`): no stack, no draft.
+    pub fn decodes_plainly(&self) -> bool {
+        self.is_plain() || self.0 == PLAIN_AGAIN
     }
 
     /// Lossless stacks, whose divergences from plain decoding the bench explains.
@@ -271,7 +284,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             options.batch
         );
     }
-    let needs_draft = options.modes.iter().any(|m| !m.is_plain() && !m.drafts_with_eagle());
+    let needs_draft = options.modes.iter().any(|m| !m.decodes_plainly() && !m.drafts_with_eagle());
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes without the eagle: prefix need models.draft in the config");
     }
@@ -304,7 +317,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let stacks: BTreeMap<Mode, Arc<JudgeStack>> = options
         .modes
         .iter()
-        .filter(|m| !m.is_plain())
+        .filter(|m| !m.decodes_plainly())
         .map(|m| {
             let stack = config.named_stack(m.stack_name(), &models.fingerprints())?;
             if m.drafts_with_eagle() {
@@ -426,10 +439,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let one_at_a_time = if options.batch > 1 { &[][..] } else { &selected[..] };
     for (position, &index) in one_at_a_time.iter().enumerate() {
         let problem = &problems[index];
-        // Rotate the order per problem so no mode always runs first (warm caches, turbo).
-        let n = options.modes.len();
-        for k in 0..n {
-            let mode = options.modes[(position + k) % n].clone();
+        // Rotate the order per problem so no mode always runs first (warm caches, turbo);
+        // `plain-again` runs last.
+        let rotated: Vec<&Mode> = options.modes.iter().filter(|m| **m != Mode::plain_again()).collect();
+        let n = rotated.len();
+        let order = (0..n)
+            .map(|k| rotated[(position + k) % n])
+            .chain(options.modes.iter().filter(|m| **m == Mode::plain_again()));
+        for mode in order {
+            let mode = mode.clone();
             if done.contains(&(index, mode.clone())) {
                 continue;
             }

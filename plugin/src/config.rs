@@ -55,7 +55,7 @@ pub struct StackConfig {
 }
 
 /// Mode names the bench reserves: they cannot name a `[[stack]]`.
-pub const BUILTIN_MODES: &[&str] = &["plain", "exact", "rejection", "config"];
+pub const BUILTIN_MODES: &[&str] = &["plain", "plain-again", "exact", "rejection", "config"];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -257,7 +257,7 @@ impl Config {
         let eagle = match self.speculative.eagle_head {
             Some(_) => stacks
                 .iter()
-                .filter(|s| *s != "plain")
+                .filter(|s| !matches!(s.as_str(), "plain" | "plain-again"))
                 .map(|s| format!("{EAGLE_MODE_PREFIX}{s}"))
                 .collect(),
             None => Vec::new(),

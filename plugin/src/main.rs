@@ -72,7 +72,9 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         batch: usize,
         /// Comma-separated: plain, exact, rejection, config (the top-level [[judge]] stack),
-        /// or names of [[stack]] tables in the config.
+        /// names of [[stack]] tables in the config, `eagle:<stack>` (drafts from the EAGLE
+        /// head), or plain-again (plain decoding after every other mode of each problem; its
+        /// texts equal plain's unless state leaks between engines).
         #[arg(long, value_delimiter = ',', default_value = "plain,exact,rejection")]
         modes: Vec<Mode>,
         /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K, else the copy `verdict

@@ -1,6 +1,7 @@
 //! `verdict bench` with EAGLE modes: `eagle:<stack>` drafts with the head as configured and
 //! `eagle-<weights>:<stack>` with its matrices in another format, both in one run; greedy
-//! `exact` writes plain decoding's text whatever the head's weights.
+//! `exact` writes plain decoding's text whatever the head's weights, and plain decoding after
+//! them (`plain-again`) writes it too.
 
 mod common;
 
@@ -27,7 +28,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
 
     let mut config = config(dir.path(), 3, "exact", 16);
     config.speculative.eagle_head = Some(dir.path().join("head"));
-    let modes: Vec<Mode> = ["plain", "eagle:exact", "eagle-q8_0:exact"].iter().map(|m| m.parse().unwrap()).collect();
+    let modes: Vec<Mode> = ["plain", "plain-again", "eagle:exact", "eagle-q8_0:exact"].iter().map(|m| m.parse().unwrap()).collect();
     let out = dir.path().join("report.json");
     let options = BenchOptions {
         data_dir: dir.path().join("gsm8k"),
@@ -53,12 +54,16 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         };
         assert_eq!(text("eagle:exact"), text("plain"), "problem {problem}");
         assert_eq!(text("eagle-q8_0:exact"), text("plain"), "problem {problem}");
+        assert_eq!(text("plain-again"), text("plain"), "problem {problem}");
+        let last = runs.iter().filter(|r| r["problem"] == problem).last().unwrap();
+        assert_eq!(last["mode"], "plain-again", "problem {problem}: plain-again runs after every other mode");
     }
 
     // The head's forward over committed positions is timed and a step's time accounted for.
     let summaries = report["summary"].as_array().unwrap();
     let summary = |mode: &str| summaries.iter().find(|s| s["mode"] == mode).unwrap();
-    assert!(summary("plain")["step_time"].is_null());
+    assert!(summary("plain")["step_time"].is_null() && summary("plain-again")["step_time"].is_null());
+    assert_eq!(summary("plain-again")["identical_to_plain"], 2);
     for mode in ["eagle:exact", "eagle-q8_0:exact"] {
         let counters = &summary(mode)["counters"];
         assert!(counters["observe_seconds"].as_f64().unwrap() > 0.0, "{mode}: {counters}");

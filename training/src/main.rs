@@ -14,6 +14,7 @@ use verdict_training::{
     autojudge_head::{fit_autojudge_head, FeatureModels},
     eagle_fit::EagleFitOptions,
     eagle_pipeline::{replay_held_out, train_eagle, EaglePlan},
+    eagle_replay::DraftTree,
     engine::MistralEngines,
     features::compute_features,
     fit::FitOptions,
@@ -72,6 +73,11 @@ struct EagleReplayArgs {
     hold_out_every: usize,
     #[arg(long, default_value_t = 4)]
     gamma: usize,
+    /// Replay a draft tree instead of a γ chain: its root-to-leaf paths, each the rank of the
+    /// draft taken at each depth (0 = the head's best), e.g. `0000,1000` (two chains parting
+    /// at the first draft). Says whether tree verification would pay, before building it.
+    #[arg(long)]
+    tree: Option<DraftTree>,
 }
 
 #[derive(Args)]
@@ -444,13 +450,16 @@ fn main() -> Result<()> {
         Some(Command::Eagle(args)) => run_eagle(&args),
         Some(Command::EagleReplay(args)) => {
             let config = Config::load(&args.config)?;
-            let replay = replay_held_out(&config, &args.head, args.weights, &args.work, args.hold_out_every, args.gamma)?;
+            let tree = args.tree.clone().unwrap_or_else(|| DraftTree::chain(args.gamma));
+            let replay = replay_held_out(&config, &args.head, args.weights, &args.work, args.hold_out_every, &tree)?;
             println!(
-                "{}: τ {:.3} over {} steps (γ {}), accepted per draft position {:?}",
+                "{}: τ {:.3} over {} steps (draft tree {}: depth {}, {} nodes), accepted per draft position {:?}",
                 args.head.display(),
                 replay.tau(),
                 replay.steps,
+                replay.tree,
                 replay.gamma,
+                replay.nodes,
                 replay.accepted_per_position
             );
             Ok(())
