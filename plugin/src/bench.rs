@@ -14,13 +14,12 @@ use std::{
     sync::Arc,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use verdict_heads::WeightFormat;
 
 use crate::{
-    config::{Config, EAGLE_MODE_PREFIX},
+    config::{Config, EagleDrafting, EAGLE_MODE_PREFIX},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
@@ -62,9 +61,11 @@ impl Mode {
         matches!(self.stack_name(), "exact" | "rejection")
     }
 
-    /// `eagle:<stack>` drafts with the EAGLE head as configured, `eagle-<weights>:<stack>`
-    /// with its matrices as `<weights>` (f32, q8_0, q4k), so formats compare in one run:
-    /// the weights' text ("" when the config's) and the stack.
+    /// `eagle:<stack>` drafts with the EAGLE head as configured; `eagle-<options>:<stack>`
+    /// changes how, so drafting choices compare in one run. Options, dash-separated: a weight
+    /// format (f32, q8_0, q4k), `g<N>` (up to N drafts a step), `c<P>` (stop before a draft
+    /// of head probability below P): `eagle-q4k-g6-c0.5:exact`. Returns the options' text
+    /// ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
         if let Some(stack) = self.0.strip_prefix(EAGLE_MODE_PREFIX) {
             return Some(("", stack));
@@ -82,14 +83,23 @@ impl Mode {
         self.eagle_parts().map_or(&self.0, |(_, stack)| stack)
     }
 
-    /// The head's weight format in this mode: the one it names, else `configured`.
-    pub fn eagle_weights(&self, configured: WeightFormat) -> Result<WeightFormat> {
-        match self.eagle_parts() {
-            Some((weights, _)) if !weights.is_empty() => {
-                weights.parse().with_context(|| format!("bench mode {:?}", self.0))
+    /// How the head drafts in this mode: `configured`, changed by the options it names.
+    pub fn eagle_drafting(&self, configured: EagleDrafting) -> Result<EagleDrafting> {
+        let mut drafting = configured;
+        let options = self.eagle_parts().map_or("", |(options, _)| options);
+        for option in options.split('-').filter(|o| !o.is_empty()) {
+            let bad = || format!("bench mode {:?}: option {option:?}", self.0);
+            if let Some(n) = option.strip_prefix('g') {
+                drafting.gamma = n.parse().with_context(bad)?;
+                ensure!((1..=32).contains(&drafting.gamma), "{}: γ must be 1..=32", bad());
+            } else if let Some(p) = option.strip_prefix('c') {
+                drafting.min_confidence = p.parse().with_context(bad)?;
+                ensure!((0.0..1.0).contains(&drafting.min_confidence), "{}: a probability below 1", bad());
+            } else {
+                drafting.weights = option.parse().with_context(bad)?;
             }
-            _ => Ok(configured),
         }
+        Ok(drafting)
     }
 
     pub fn name(&self) -> String {
@@ -253,23 +263,23 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         bail!("--modes is empty");
     }
     let known = config.mode_names();
-    // The head's weight format of each EAGLE mode, read once.
-    let mut eagle_weights: BTreeMap<Mode, WeightFormat> = BTreeMap::new();
+    // How the head drafts in each EAGLE mode, read once.
+    let mut eagle_drafting: BTreeMap<Mode, EagleDrafting> = BTreeMap::new();
     for mode in &options.modes {
-        // `eagle-<weights>:<stack>` is known when `eagle:<stack>` is.
+        // `eagle-<options>:<stack>` is known when `eagle:<stack>` is.
         let as_configured = match mode.drafts_with_eagle() {
             true => format!("{EAGLE_MODE_PREFIX}{}", mode.stack_name()),
             false => mode.0.clone(),
         };
         if !known.contains(&as_configured) {
             bail!(
-                "unknown bench mode {:?}; known with this config: {} (an eagle: mode may name the head's weights: eagle-q4k:exact)",
+                "unknown bench mode {:?}; known with this config: {} (an eagle: mode may say how the head drafts: eagle-q4k-g6-c0.5:exact)",
                 mode.0,
                 known.join(", ")
             );
         }
         if mode.drafts_with_eagle() {
-            eagle_weights.insert(mode.clone(), mode.eagle_weights(config.speculative.eagle_weights)?);
+            eagle_drafting.insert(mode.clone(), mode.eagle_drafting(config.speculative.eagle_drafting())?);
         }
     }
 
@@ -306,11 +316,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
 
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
-    // One proposer (and engine) per weight format the modes ask for.
-    let mut eagle = BTreeMap::new();
-    for &weights in eagle_weights.values() {
-        if !eagle.contains_key(&weights) {
-            eagle.insert(weights, models.eagle_proposer_with(config, weights)?);
+    // One proposer (and engine) per way of drafting the modes ask for.
+    let mut eagle: Vec<(EagleDrafting, _)> = Vec::new();
+    for drafting in eagle_drafting.values() {
+        if !eagle.iter().any(|(d, _)| d == drafting) {
+            eagle.push((*drafting, models.eagle_proposer_with(config, drafting)?));
         }
     }
     // Every stack is built (heads loaded and checked) before the first run.
@@ -336,10 +346,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             true => Some(Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?),
             false => None,
         };
-        let mut engines = BTreeMap::new();
-        for (weights, proposer) in eagle {
-            let engine = Engine::with_proposer(&models, proposer, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?;
-            engines.insert(weights, engine);
+        let mut engines = Vec::new();
+        for (drafting, proposer) in eagle {
+            let engine = Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), 1).await?;
+            engines.push((drafting, engine));
         }
         anyhow::Ok((plain, speculative, engines))
     })?;
@@ -462,7 +472,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         )),
                         Some(stack) => {
                             let engine = match mode.drafts_with_eagle() {
-                                true => eagle_weights.get(&mode).and_then(|w| eagle.get(w)),
+                                true => eagle_drafting
+                                    .get(&mode)
+                                    .and_then(|d| eagle.iter().find(|(e, _)| e == d).map(|(_, engine)| engine)),
                                 false => speculative.as_ref(),
                             }
                             .expect("built when a mode drafting with it is asked for");
@@ -880,20 +892,33 @@ fn judge_cell(judges: &BTreeMap<String, JudgeSummary>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use verdict_heads::WeightFormat;
+
     use super::*;
 
     #[test]
-    fn eagle_modes_name_their_stack_and_weights() {
+    fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = WeightFormat::Q8_0;
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0 };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
-        assert_eq!(mode("eagle:dropmatch").eagle_weights(configured).unwrap(), configured);
+        assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
         assert!(q4k.drafts_with_eagle() && !mode("exact").drafts_with_eagle());
-        assert_eq!((q4k.stack_name(), q4k.eagle_weights(configured).unwrap()), ("exact", WeightFormat::Q4K));
+        assert_eq!(
+            (q4k.stack_name(), q4k.eagle_drafting(configured).unwrap()),
+            ("exact", EagleDrafting { weights: WeightFormat::Q4K, ..configured })
+        );
         assert!(q4k.is_lossless());
-        let err = format!("{:#}", mode("eagle-q5:exact").eagle_weights(configured).unwrap_err());
+        assert_eq!(
+            mode("eagle-g6-c0.5-f32:fsd").eagle_drafting(configured).unwrap(),
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5 }
+        );
+        let err = format!("{:#}", mode("eagle-q5:exact").eagle_drafting(configured).unwrap_err());
         assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
+        for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact"] {
+            let err = format!("{:#}", mode(bad).eagle_drafting(configured).unwrap_err());
+            assert!(err.contains(bad), "{err}");
+        }
         // Without the colon it is a stack's name, not an EAGLE mode.
         assert!(!mode("eagle-q4k").drafts_with_eagle());
     }

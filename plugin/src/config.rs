@@ -84,6 +84,28 @@ pub struct SpeculativeConfig {
     pub eagle_head: Option<PathBuf>,
     /// How the head keeps its matrices while drafting: "f32" (as trained), "q8_0" or "q4k".
     pub eagle_weights: WeightFormat,
+    /// The head stops drafting before a draft it gives less than this probability (the first
+    /// draft is always made): a step verifies up to γ drafts, fewer where they are unlikely
+    /// to be kept. 0 drafts γ every step.
+    pub eagle_min_confidence: f32,
+}
+
+/// How the EAGLE head drafts: its matrices, up to how many drafts a step, and where it stops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EagleDrafting {
+    pub weights: WeightFormat,
+    pub gamma: usize,
+    pub min_confidence: f32,
+}
+
+impl SpeculativeConfig {
+    pub fn eagle_drafting(&self) -> EagleDrafting {
+        EagleDrafting {
+            weights: self.eagle_weights,
+            gamma: self.gamma,
+            min_confidence: self.eagle_min_confidence,
+        }
+    }
 }
 
 impl Default for SpeculativeConfig {
@@ -96,6 +118,7 @@ impl Default for SpeculativeConfig {
             proposer: ProposerKind::DraftModel,
             eagle_head: None,
             eagle_weights: WeightFormat::F32,
+            eagle_min_confidence: 0.0,
         }
     }
 }
@@ -281,6 +304,12 @@ impl Config {
                 s.gamma
             );
         }
+        if !(0.0..1.0).contains(&s.eagle_min_confidence) {
+            bail!(
+                "speculative.eagle_min_confidence = {} is out of range; use 0 (draft γ every step) up to below 1",
+                s.eagle_min_confidence
+            );
+        }
         match s.proposer {
             ProposerKind::DraftModel if s.enabled && self.models.draft.is_none() => bail!(
                 "speculative.enabled = true needs models.draft (or proposer = \"eagle\" with eagle_head); set it or disable speculation"
@@ -375,6 +404,8 @@ mod tests {
         assert_eq!(config.speculative.eagle_weights, WeightFormat::F32);
         let err = error_of(&format!("{target_only}[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\neagle_weights = \"q5\"\n"));
         assert!(err.contains("unknown variant `q5`") && err.contains("q8_0"), "{err}");
+        let err = error_of(&format!("{target_only}[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\neagle_min_confidence = 1.5\n"));
+        assert!(err.contains("speculative.eagle_min_confidence = 1.5"), "{err}");
     }
 
     #[test]

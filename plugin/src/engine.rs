@@ -16,11 +16,11 @@ use mistralrs_core::{
 use mistralrs_core::speculative_hook::{AcceptRule, Proposer};
 use tokio::sync::Mutex;
 
-use verdict_heads::{ModelFingerprint, WeightFormat};
+use verdict_heads::ModelFingerprint;
 
 use crate::{
     accept::VerdictRule,
-    config::{Config, ProposerKind, SamplingConfig},
+    config::{Config, EagleDrafting, ProposerKind, SamplingConfig},
     fingerprint::fingerprint,
     judge::JudgeStack,
     judges::LoadedFingerprints,
@@ -156,15 +156,16 @@ impl LoadedModels {
 
     /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
     pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<EagleProposer>> {
-        self.eagle_proposer_with(config, config.speculative.eagle_weights)
+        self.eagle_proposer_with(config, &config.speculative.eagle_drafting())
     }
 
-    /// [`Self::eagle_proposer`] with the head's matrices as `weights`.
-    pub fn eagle_proposer_with(&self, config: &Config, weights: WeightFormat) -> Result<Arc<EagleProposer>> {
+    /// [`Self::eagle_proposer`] drafting as `drafting` says (its γ is the engine's).
+    pub fn eagle_proposer_with(&self, config: &Config, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
         let head = config
             .eagle_head()
             .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
-        Ok(Arc::new(EagleProposer::load(&head, weights, &self.target_source, &self.target_fingerprint)?))
+        let proposer = EagleProposer::load(&head, drafting.weights, &self.target_source, &self.target_fingerprint)?;
+        Ok(Arc::new(proposer.with_min_confidence(drafting.min_confidence)?))
     }
 
     /// The judge stack of `config`'s top-level `[[judge]]` tables.

@@ -167,6 +167,19 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
             }
         }
     }
+    // A confidence cut: steps draft 1 to γ tokens, and the output is still plain decoding's.
+    let mut config = eagle_config(dir.path(), 3);
+    config.speculative.eagle_min_confidence = 0.4;
+    let proposer = models.eagle_proposer(&config).unwrap();
+    for (base, texts, steps) in speculative_texts(&models, &config, || proposer.clone(), &prompts) {
+        assert_eq!(texts, plain, "{base:?} with a confidence cut");
+        assert_cache_lengths(base, &steps);
+        let drafted: Vec<usize> = steps.iter().filter(|s| s.drafted > 0).map(|s| s.drafted).collect();
+        assert!(
+            drafted.iter().any(|&d| d < 3) && drafted.iter().all(|&d| d <= 3),
+            "{base:?}: drafts per step {drafted:?}"
+        );
+    }
     // The tiny head's rows (32 wide) are not whole 256-value blocks of Q4_K.
     let err = format!("{:#}", models.eagle_proposer(&eagle_config_with(dir.path(), 3, "q4k")).err().unwrap());
     assert!(err.contains("eagle_weights = \"q4k\"") && err.contains("256"), "{err}");

@@ -160,7 +160,7 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     trainer.save_head(&plan.out, candle_core::DType::F16)?;
     tracing::info!("replaying greedy chain drafting (γ {}) on the {} held-out responses", options.ttt_steps, validation.len());
     let saved = Eagle3Head::load(&plan.out, &candle_core::Device::Cpu)?;
-    let replay = replay_problems(&saved, &*embeddings, &validation, &DraftTree::chain(options.ttt_steps), vocab_size)?;
+    let replay = replay_problems(&saved, &*embeddings, &validation, &DraftTree::chain(options.ttt_steps), 0.0, vocab_size)?;
     let last = trainer.progress.validation.last().cloned().unwrap_or_default();
     let report = EagleReport {
         plan,
@@ -199,7 +199,7 @@ fn split_held_out(runs: &[bench::Run], features: &Path, every: usize) -> (Vec<Pa
 
 /// `train-head eagle-replay`: a head's greedy chain drafting replayed on the held-out
 /// problems' features under `work` (every `hold_out_every`-th problem, as training held out).
-pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, work: &Path, hold_out_every: usize, tree: &DraftTree) -> Result<DraftReplay> {
+pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, work: &Path, hold_out_every: usize, tree: &DraftTree, min_confidence: f32) -> Result<DraftReplay> {
     ensure!(hold_out_every >= 1 && tree.depth() >= 1, "--hold-out-every and --gamma must be at least 1");
     let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
     let target = verdict::models::resolve(&config.models.target, &cache).context("models.target")?;
@@ -212,7 +212,7 @@ pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, 
     held_out.retain(|p| p.is_file());
     ensure!(!held_out.is_empty(), "{} holds no held-out problem's features (every {hold_out_every}-th)", features.display());
     tracing::info!("replaying {} held-out problems, draft tree {tree} ({} nodes), weights {weights}", held_out.len(), tree.nodes());
-    replay_problems(&head, &*target_embeddings(&target)?, &held_out, tree, head.config.vocab_size)
+    replay_problems(&head, &*target_embeddings(&target)?, &held_out, tree, min_confidence, head.config.vocab_size)
 }
 
 /// The head's `config.json`: the target's width, RoPE base and vocabulary, and its

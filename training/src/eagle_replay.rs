@@ -85,6 +85,12 @@ pub struct DraftReplay {
     /// The tree, and how many drafts a step verifies.
     pub tree: String,
     pub nodes: usize,
+    /// A chain stops drafting before a draft the head gives less than this probability (the
+    /// first draft is always made): fewer verify rows where drafts are unlikely to be kept.
+    /// 0 drafts every position.
+    pub min_confidence: f32,
+    /// Drafts verified in all (γ per step without a confidence cut).
+    pub drafted: u64,
     /// Verify steps.
     pub steps: u64,
     pub accepted: u64,
@@ -98,15 +104,32 @@ impl DraftReplay {
             gamma: tree.depth(),
             tree: tree.to_string(),
             nodes: tree.nodes(),
+            min_confidence: 0.0,
+            drafted: 0,
             steps: 0,
             accepted: 0,
             accepted_per_position: vec![0; tree.depth()],
         }
     }
 
+    /// A chain that stops before a draft of probability below `min_confidence`.
+    pub fn with_confidence_cut(tree: &DraftTree, min_confidence: f32) -> Result<Self> {
+        ensure!(
+            min_confidence == 0.0 || tree.paths.len() == 1,
+            "a confidence cut applies to a chain, not to the tree {tree}"
+        );
+        ensure!((0.0..1.0).contains(&min_confidence), "min confidence {min_confidence} outside 0..1");
+        Ok(Self { min_confidence, ..Self::new(tree) })
+    }
+
     /// τ = 1 + accepted / steps, as the bench reports it.
     pub fn tau(&self) -> f64 {
         1.0 + self.accepted as f64 / self.steps.max(1) as f64
+    }
+
+    /// Drafts verified per step.
+    pub fn drafts_per_step(&self) -> f64 {
+        self.drafted as f64 / self.steps.max(1) as f64
     }
 
     /// Replay one problem: from the prompt's features (the target's first forward) to the end
@@ -134,13 +157,19 @@ impl DraftReplay {
             let mut kept = 0;
             for path in &tree.paths {
                 let mut depth = 0;
-                let drafts = drafter.draft(head, embeddings, path.len(), vocab_size, &mut |row: &Tensor| {
+                let drafts = drafter.draft_confident(head, embeddings, path.len(), self.min_confidence, vocab_size, &mut |row: &Tensor| {
                     let token = ranked_token(row, path[depth])?;
                     depth += 1;
                     Ok(token)
                 })?;
+                if tree.paths.len() == 1 {
+                    self.drafted += drafts.tokens.len() as u64;
+                }
                 let matched = drafts.tokens.iter().zip(&tokens[committed + 1..]).take_while(|(d, r)| d == r).count();
                 kept = kept.max(matched);
+            }
+            if tree.paths.len() > 1 {
+                self.drafted += tree.nodes() as u64;
             }
             self.steps += 1;
             self.accepted += kept as u64;
@@ -170,10 +199,11 @@ pub fn replay_problems(
     embeddings: &dyn TokenEmbeddings,
     problems: &[PathBuf],
     tree: &DraftTree,
+    min_confidence: f32,
     vocab_size: usize,
 ) -> Result<DraftReplay> {
     ensure!(!tree.paths.is_empty(), "an empty draft tree");
-    let mut replay = DraftReplay::new(tree);
+    let mut replay = DraftReplay::with_confidence_cut(tree, min_confidence)?;
     for path in problems {
         replay.add(head, embeddings, tree, &SequenceFeatures::load(path)?, vocab_size)?;
     }
@@ -259,6 +289,7 @@ mod tests {
         assert_eq!(replay.steps, steps as u64);
         assert_eq!(replay.accepted_per_position, vec![steps as u64; GAMMA]);
         assert_eq!(replay.tau(), 1.0 + GAMMA as f64);
+        assert_eq!(replay.drafts_per_step(), GAMMA as f64);
 
         // A response of tokens the head never drafts: one step per token, nothing kept.
         let odd: Vec<u32> = tokens[..start].iter().copied().chain((0..9).map(|i| 2 * i + 1)).collect();
@@ -283,6 +314,32 @@ mod tests {
         let mut chain_only = DraftReplay::new(&chain);
         chain_only.add(&head, &embeddings, &chain, &features, VOCAB).unwrap();
         assert!(chain_only.tau() < 4.0 && chain_only.steps > steps as u64, "{chain_only:?}");
+    }
+
+    /// A cut no draft reaches verifies one draft a step; a cut every draft passes changes
+    /// nothing; a tree verifies its nodes and refuses a cut.
+    #[test]
+    fn a_confidence_cut_verifies_fewer_drafts() {
+        let (head, embeddings) = head_and_embeddings();
+        let (tokens, start, aux) = own_drafts_response(&head, &embeddings, &[0; GAMMA], 5);
+        let features = features(tokens, start, &aux);
+        let chain = DraftTree::chain(GAMMA);
+        let replay = |cut: f32| {
+            let mut r = DraftReplay::with_confidence_cut(&chain, cut).unwrap();
+            r.add(&head, &embeddings, &chain, &features, VOCAB).unwrap();
+            r
+        };
+        let uncut = replay(0.0);
+        assert_eq!(replay(1e-6), DraftReplay { min_confidence: 1e-6, ..uncut });
+        let cut = replay(0.999_999);
+        assert_eq!(cut.drafts_per_step(), 1.0, "{cut:?}");
+        assert!(cut.tau() <= 2.0 && cut.steps > 5, "{cut:?}");
+
+        let tree: DraftTree = "000,100".parse().unwrap();
+        let mut r = DraftReplay::new(&tree);
+        r.add(&head, &embeddings, &tree, &features, VOCAB).unwrap();
+        assert_eq!(r.drafts_per_step(), 6.0);
+        assert!(DraftReplay::with_confidence_cut(&tree, 0.5).is_err());
     }
 
     #[test]

@@ -78,6 +78,10 @@ struct EagleReplayArgs {
     /// at the first draft). Says whether tree verification would pay, before building it.
     #[arg(long)]
     tree: Option<DraftTree>,
+    /// Stop a chain before a draft the head gives less than this probability (the first
+    /// draft is always made); reports the drafts verified per step beside τ.
+    #[arg(long, default_value_t = 0.0)]
+    min_confidence: f32,
 }
 
 #[derive(Args)]
@@ -451,15 +455,17 @@ fn main() -> Result<()> {
         Some(Command::EagleReplay(args)) => {
             let config = Config::load(&args.config)?;
             let tree = args.tree.clone().unwrap_or_else(|| DraftTree::chain(args.gamma));
-            let replay = replay_held_out(&config, &args.head, args.weights, &args.work, args.hold_out_every, &tree)?;
+            let replay = replay_held_out(&config, &args.head, args.weights, &args.work, args.hold_out_every, &tree, args.min_confidence)?;
             println!(
-                "{}: τ {:.3} over {} steps (draft tree {}: depth {}, {} nodes), accepted per draft position {:?}",
+                "{}: τ {:.3} over {} steps (draft tree {}: depth {}, {} nodes; min confidence {}: {:.2} drafts verified per step), accepted per draft position {:?}",
                 args.head.display(),
                 replay.tau(),
                 replay.steps,
                 replay.tree,
                 replay.gamma,
                 replay.nodes,
+                replay.min_confidence,
+                replay.drafts_per_step(),
                 replay.accepted_per_position
             );
             Ok(())

@@ -23,6 +23,8 @@ pub struct EagleProposer {
     /// `l − 1` for the inputs of the head's layers `l`.
     layers: Vec<usize>,
     vocab_size: usize,
+    /// Drafting stops before a draft the head gives less than this probability (0: never).
+    min_confidence: f32,
     sequences: Mutex<HashMap<usize, SequenceDrafter>>,
 }
 
@@ -45,8 +47,17 @@ impl EagleProposer {
             embeddings,
             layers,
             vocab_size,
+            min_confidence: 0.0,
             sequences: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Stop drafting before a draft whose best token the head gives less than `p` (the first
+    /// draft is always made), so a step verifies fewer unlikely drafts.
+    pub fn with_min_confidence(mut self, p: f32) -> Result<Self> {
+        ensure!((0.0..1.0).contains(&p), "EAGLE min confidence {p} outside [0, 1)");
+        self.min_confidence = p;
+        Ok(self)
     }
 
     /// Load the head in `head_dir` for the loaded target: refused when it was made for
@@ -142,7 +153,7 @@ impl Proposer for EagleProposer {
             .get_mut(&seq_id)
             .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
         let drafts = drafter
-            .draft(&self.head, &*self.embeddings, gamma, self.vocab_size, &mut |row| {
+            .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {
                 Ok(sample(row)?)
             })
             .map_err(to_candle)?;
