@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{Config, EagleDrafting, EAGLE_MODE_PREFIX},
+    config::{Config, EagleDrafting, EAGLE_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
@@ -27,8 +27,6 @@ use crate::{
     subset::Subset,
     tasks::{gsm8k, TaskAdapter},
 };
-
-const PLAIN_AGAIN: &str = "plain-again";
 
 /// One way of decoding compared by the bench: `plain` (the target alone), or the name of
 /// a judge stack (`exact`, `rejection`, `config`, or a `[[stack]]` of the config).
@@ -48,12 +46,12 @@ impl Mode {
     /// `plain-again`: plain decoding once more, after every other mode of each problem. Its
     /// texts equal `plain`'s unless state leaks between engines or requests.
     pub fn plain_again() -> Self {
-        Mode(PLAIN_AGAIN.into())
+        Mode(PLAIN_AGAIN_MODE.into())
     }
 
     /// The target alone decodes (`plain` or `plain-again`): no stack, no draft.
     pub fn decodes_plainly(&self) -> bool {
-        self.is_plain() || self.0 == PLAIN_AGAIN
+        self.is_plain() || self.0 == PLAIN_AGAIN_MODE
     }
 
     /// Lossless stacks, whose divergences from plain decoding the bench explains.
@@ -447,15 +445,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     // Unbatched: one problem at a time, the modes rotated (a batched run has done its runs).
     let one_at_a_time = if options.batch > 1 { &[][..] } else { &selected[..] };
+    // The order is rotated per problem so no mode always runs first (warm caches, turbo);
+    // `plain-again` runs last.
+    let (last, rotated): (Vec<&Mode>, Vec<&Mode>) = options.modes.iter().partition(|m| **m == Mode::plain_again());
+    let n = rotated.len();
     for (position, &index) in one_at_a_time.iter().enumerate() {
         let problem = &problems[index];
-        // Rotate the order per problem so no mode always runs first (warm caches, turbo);
-        // `plain-again` runs last.
-        let rotated: Vec<&Mode> = options.modes.iter().filter(|m| **m != Mode::plain_again()).collect();
-        let n = rotated.len();
-        let order = (0..n)
-            .map(|k| rotated[(position + k) % n])
-            .chain(options.modes.iter().filter(|m| **m == Mode::plain_again()));
+        let order = (0..n).map(|k| rotated[(position + k) % n]).chain(last.iter().copied());
         for mode in order {
             let mode = mode.clone();
             if done.contains(&(index, mode.clone())) {

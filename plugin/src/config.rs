@@ -54,8 +54,11 @@ pub struct StackConfig {
     pub judges: Vec<JudgeConfig>,
 }
 
+/// The bench mode that decodes plainly once more, after every other mode of a problem.
+pub const PLAIN_AGAIN_MODE: &str = "plain-again";
+
 /// Mode names the bench reserves: they cannot name a `[[stack]]`.
-pub const BUILTIN_MODES: &[&str] = &["plain", "plain-again", "exact", "rejection", "config"];
+pub const BUILTIN_MODES: &[&str] = &["plain", PLAIN_AGAIN_MODE, "exact", "rejection", "config"];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,7 +283,7 @@ impl Config {
         let eagle = match self.speculative.eagle_head {
             Some(_) => stacks
                 .iter()
-                .filter(|s| !matches!(s.as_str(), "plain" | "plain-again"))
+                .filter(|s| s.as_str() != "plain" && s.as_str() != PLAIN_AGAIN_MODE)
                 .map(|s| format!("{EAGLE_MODE_PREFIX}{s}"))
                 .collect(),
             None => Vec::new(),

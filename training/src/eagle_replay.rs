@@ -154,7 +154,7 @@ impl DraftReplay {
         // target's), the drafts guess the ones after it.
         let mut committed = start;
         while committed + 1 < t {
-            let mut kept = 0;
+            let (mut kept, mut chain_drafts) = (0, 0);
             for path in &tree.paths {
                 let mut depth = 0;
                 let drafts = drafter.draft_confident(head, embeddings, path.len(), self.min_confidence, vocab_size, &mut |row: &Tensor| {
@@ -162,15 +162,12 @@ impl DraftReplay {
                     depth += 1;
                     Ok(token)
                 })?;
-                if tree.paths.len() == 1 {
-                    self.drafted += drafts.tokens.len() as u64;
-                }
+                chain_drafts = drafts.tokens.len();
                 let matched = drafts.tokens.iter().zip(&tokens[committed + 1..]).take_while(|(d, r)| d == r).count();
                 kept = kept.max(matched);
             }
-            if tree.paths.len() > 1 {
-                self.drafted += tree.nodes() as u64;
-            }
+            // A tree verifies each node once; a chain its drafts (fewer after a cut).
+            self.drafted += if tree.paths.len() == 1 { chain_drafts } else { self.nodes } as u64;
             self.steps += 1;
             self.accepted += kept as u64;
             for slot in &mut self.accepted_per_position[..kept] {

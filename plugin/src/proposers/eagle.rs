@@ -155,7 +155,7 @@ impl SequenceDrafter {
 }
 
 /// The softmax probability of the best entry of a `(1, n)` row of logits.
-pub fn best_probability(logits: &Tensor) -> Result<f32> {
+fn best_probability(logits: &Tensor) -> Result<f32> {
     let values = logits.flatten_all()?.to_vec1::<f32>()?;
     let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let total: f32 = values.iter().filter(|v| v.is_finite()).map(|v| (v - max).exp()).sum();
