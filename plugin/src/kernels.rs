@@ -1,7 +1,9 @@
 //! Which CPU quantized matmul candle runs. Our candle-core patch adds weight-stationary
 //! kernels (each weight block read once for all rows of a multi-token forward) and keeps
 //! candle's original row-by-row loop behind a process-wide switch, so that both can be timed
-//! in one process, interleaved, on the same prompts.
+//! in one process, interleaved, on the same prompts. A third choice also sends single rows
+//! (decoding) through the multi-row kernels, so that a row's logits do not depend on how many
+//! rows share its forward.
 
 use std::{fmt, str::FromStr};
 
@@ -12,23 +14,33 @@ use serde::Serialize;
 pub enum QuantKernel {
     /// candle 0.10.2's loop: every input row streams the whole weight matrix.
     Stock,
-    /// The patched weight-stationary kernels (the default).
+    /// The patched weight-stationary kernels (the default); one row keeps candle's loop.
     WeightStationary,
+    /// Weight-stationary, and one row too goes through the repacked VNNI kernels (Q4K / Q6K on
+    /// AVX-512 VNNI CPUs; elsewhere every kernel is already bit-exact with candle's loop).
+    RowInvariant,
 }
 
 impl QuantKernel {
-    pub const ALL: [QuantKernel; 2] = [QuantKernel::Stock, QuantKernel::WeightStationary];
+    pub const ALL: [QuantKernel; 3] = [
+        QuantKernel::Stock,
+        QuantKernel::WeightStationary,
+        QuantKernel::RowInvariant,
+    ];
 
     /// Switches every later quantized matmul of this process to this kernel.
     pub fn select(self) {
-        candle_core::quantized::set_weight_stationary_matmul(self == QuantKernel::WeightStationary)
+        candle_core::quantized::set_weight_stationary_matmul(self != QuantKernel::Stock);
+        candle_core::quantized::set_one_row_on_panels(self == QuantKernel::RowInvariant);
     }
 
     pub fn selected() -> Self {
-        if candle_core::quantized::weight_stationary_matmul() {
-            QuantKernel::WeightStationary
-        } else {
+        if !candle_core::quantized::weight_stationary_matmul() {
             QuantKernel::Stock
+        } else if candle_core::quantized::one_row_on_panels() {
+            QuantKernel::RowInvariant
+        } else {
+            QuantKernel::WeightStationary
         }
     }
 
@@ -36,6 +48,7 @@ impl QuantKernel {
         match self {
             QuantKernel::Stock => "stock",
             QuantKernel::WeightStationary => "weight-stationary",
+            QuantKernel::RowInvariant => "row-invariant",
         }
     }
 }
@@ -53,8 +66,9 @@ impl FromStr for QuantKernel {
         match s {
             "stock" => Ok(QuantKernel::Stock),
             "weight-stationary" | "ws" => Ok(QuantKernel::WeightStationary),
+            "row-invariant" => Ok(QuantKernel::RowInvariant),
             other => anyhow::bail!(
-                "unknown quantized matmul kernel {other:?}: expected \"stock\" or \"weight-stationary\""
+                "unknown quantized matmul kernel {other:?}: expected \"stock\", \"weight-stationary\" or \"row-invariant\""
             ),
         }
     }
