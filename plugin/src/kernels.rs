@@ -14,10 +14,12 @@ use serde::Serialize;
 pub enum QuantKernel {
     /// candle 0.10.2's loop: every input row streams the whole weight matrix.
     Stock,
-    /// The patched weight-stationary kernels (the default); one row keeps candle's loop.
+    /// The patched weight-stationary kernels (candle's default once patched); one row keeps
+    /// candle's loop.
     WeightStationary,
     /// Weight-stationary, and one row too goes through the repacked VNNI kernels (Q4K / Q6K on
     /// AVX-512 VNNI CPUs; elsewhere every kernel is already bit-exact with candle's loop).
+    /// What `verdict` selects at start-up.
     RowInvariant,
 }
 
