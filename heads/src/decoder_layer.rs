@@ -62,6 +62,37 @@ impl HeadCache {
         self.len() == 0
     }
 
+    /// A cache holding keys `k` and values `v`, (kv heads, positions, head dim) each.
+    pub fn from_tensors(k: Tensor, v: Tensor) -> Result<Self> {
+        ensure!(k.rank() == 3 && k.dims() == v.dims(), "head cache keys {:?} and values {:?} are not (kv heads, positions, head dim) alike", k.dims(), v.dims());
+        Ok(Self { k: Some(k), v: Some(v) })
+    }
+
+    /// The keys, (kv heads, positions, head dim), if any position is held.
+    pub fn keys(&self) -> Option<&Tensor> {
+        self.k.as_ref()
+    }
+
+    /// Bytes of the positions held (a truncated cache may keep a larger storage alive until
+    /// [`Self::compacted`]).
+    pub fn bytes(&self) -> usize {
+        [&self.k, &self.v]
+            .into_iter()
+            .flatten()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// The same positions in storage of their own, exactly as large as they are: for keeping
+    /// the cache after its sequence ends.
+    pub fn compacted(&self) -> Result<Self> {
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::force_contiguous).transpose();
+        Ok(Self {
+            k: copy(&self.k)?,
+            v: copy(&self.v)?,
+        })
+    }
+
     /// Forget every position from `len` on (rejected drafts, draft steps after a verify).
     pub fn truncate(&mut self, len: usize) -> Result<()> {
         if len >= self.len() {

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     config::{Config, EagleDrafting, EAGLE_MODE_PREFIX, PLAIN_AGAIN_MODE},
-    engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt},
+    engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
     paired::{paired_stats, Pair, PairedStats},
@@ -130,6 +130,9 @@ pub struct BenchOptions {
     /// are decoded together (on the CPU mistral.rs 0.8.1 batches only sequences of equal
     /// length). 1 decodes one problem at a time, as speed comparisons need.
     pub batch: usize,
+    /// Engines keep finished requests' caches for later ones sharing their prefix (bounded by
+    /// `[server] prefix_cache_mb`); every mode's engine has its own.
+    pub prefix_cache: bool,
 }
 
 /// One (problem, mode) run.
@@ -337,16 +340,21 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let runtime = tokio::runtime::Runtime::new()?;
     let metrics = Arc::new(Metrics::default());
     let s = &config.speculative;
+    let prefix_cache_bytes = config.server.prefix_cache_bytes().filter(|_| options.prefix_cache);
+    let scheduling = |max_seqs| Scheduling {
+        max_seqs,
+        prefix_cache_bytes,
+    };
     let (plain, speculative, eagle) = runtime.block_on(async {
-        let plain = Engine::plain(&models, options.batch).await;
+        let plain = Engine::plain(&models, scheduling(options.batch)).await;
         let lossless = || JudgeStack::lossless(s.base_rule);
         let speculative = match needs_draft {
-            true => Some(Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), 1).await?),
+            true => Some(Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?),
             false => None,
         };
         let mut engines = Vec::new();
         for (drafting, proposer) in eagle {
-            let engine = Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), 1).await?;
+            let engine = Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?;
             engines.push((drafting, engine));
         }
         anyhow::Ok((plain, speculative, engines))
@@ -504,6 +512,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "draft": config.models.draft,
         // The CPU quantized matmul the runs used (patched candle-core).
         "quant_kernel": crate::kernels::QuantKernel::selected(),
+        // Each engine's prefix cache bound (null: none, every prompt computed in full).
+        "prefix_cache_mb": prefix_cache_bytes.map(|b| b >> 20),
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
         "divergences": divergences,

@@ -167,6 +167,9 @@ pub struct ServerConfig {
     pub port: u16,
     /// Sequences the scheduler runs at once.
     pub max_seqs: usize,
+    /// MiB of finished requests' KV caches kept for later requests that share their prefix
+    /// (0: no prefix cache).
+    pub prefix_cache_mb: usize,
 }
 
 impl Default for ServerConfig {
@@ -175,7 +178,15 @@ impl Default for ServerConfig {
             host: IpAddr::from([127, 0, 0, 1]),
             port: 8080,
             max_seqs: 4,
+            prefix_cache_mb: 1024,
         }
+    }
+}
+
+impl ServerConfig {
+    /// The prefix cache's bound in bytes, `None` when it is off.
+    pub fn prefix_cache_bytes(&self) -> Option<usize> {
+        (self.prefix_cache_mb > 0).then(|| self.prefix_cache_mb << 20)
     }
 }
 

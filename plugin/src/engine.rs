@@ -20,13 +20,16 @@ use verdict_heads::ModelFingerprint;
 
 use crate::{
     accept::VerdictRule,
-    config::{Config, EagleDrafting, ProposerKind, SamplingConfig},
+    config::{Config, EagleDrafting, ProposerKind, SamplingConfig, ServerConfig},
     fingerprint::fingerprint,
     judge::JudgeStack,
     judges::LoadedFingerprints,
     metrics::Metrics,
     models::{cache_dir, resolve, ModelSource},
-    proposers::{eagle_proposer::EagleProposer, timed::TimedProposer},
+    proposers::{
+        eagle_proposer::{EagleProposer, DEFAULT_PREFIX_CACHE_BYTES},
+        timed::TimedProposer,
+    },
 };
 
 pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
@@ -165,7 +168,13 @@ impl LoadedModels {
             .eagle_head()
             .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
         let proposer = EagleProposer::load(&head, drafting.weights, &self.target_source, &self.target_fingerprint)?;
-        Ok(Arc::new(proposer.with_min_confidence(drafting.min_confidence)?))
+        // The head's rows for cached prefixes, kept while the engine keeps the target's.
+        let head_rows_kept = config.server.prefix_cache_bytes().map_or(0, |_| DEFAULT_PREFIX_CACHE_BYTES);
+        Ok(Arc::new(
+            proposer
+                .with_min_confidence(drafting.min_confidence)?
+                .with_prefix_cache_bytes(head_rows_kept),
+        ))
     }
 
     /// The judge stack of `config`'s top-level `[[judge]]` tables.
@@ -206,10 +215,43 @@ pub struct Engine {
     pub rule: Option<Arc<VerdictRule>>,
 }
 
-async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, max_seqs: usize) -> Arc<MistralRs> {
-    // The prefix cacher restores only the target's cache, never the draft's, so engines
-    // that may speculate run without it.
-    build_mistralrs_with(pipeline, max_seqs, false).await
+/// How an engine schedules requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scheduling {
+    /// Sequences the scheduler runs at once.
+    pub max_seqs: usize,
+    /// Bytes of finished requests' KV caches kept for later requests that share their prefix
+    /// (a system prompt, few-shot examples), least recently used evicted first; `None`: no
+    /// prefix cache. One bound for every engine of the process, each held to it.
+    pub prefix_cache_bytes: Option<usize>,
+}
+
+impl From<usize> for Scheduling {
+    /// `max_seqs` sequences at once, no prefix cache.
+    fn from(max_seqs: usize) -> Self {
+        Self {
+            max_seqs,
+            prefix_cache_bytes: None,
+        }
+    }
+}
+
+impl From<&ServerConfig> for Scheduling {
+    fn from(server: &ServerConfig) -> Self {
+        Self {
+            max_seqs: server.max_seqs,
+            prefix_cache_bytes: server.prefix_cache_bytes(),
+        }
+    }
+}
+
+async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, scheduling: Scheduling) -> Arc<MistralRs> {
+    // A hit restores the target's cache; a draft model then reads the whole prompt, and an
+    // EAGLE head restores its own rows (`HeadPrefixCache`).
+    if let Some(bytes) = scheduling.prefix_cache_bytes {
+        mistralrs_core::set_cpu_prefix_cache_limit(Some(bytes));
+    }
+    build_mistralrs_with(pipeline, scheduling.max_seqs, scheduling.prefix_cache_bytes.is_some_and(|b| b > 0)).await
 }
 
 /// A mistral.rs engine over one pipeline. With `prefix_cache`, a request that shares a
@@ -235,9 +277,9 @@ pub async fn build_mistralrs_with(
 
 impl Engine {
     /// Plain decoding with the target alone.
-    pub async fn plain(models: &LoadedModels, max_seqs: usize) -> Self {
+    pub async fn plain(models: &LoadedModels, scheduling: impl Into<Scheduling>) -> Self {
         Self {
-            mistralrs: build_mistralrs(models.target.clone(), max_seqs).await,
+            mistralrs: build_mistralrs(models.target.clone(), scheduling.into()).await,
             rule: None,
         }
     }
@@ -249,12 +291,12 @@ impl Engine {
         stack: JudgeStack,
         seed: u64,
         metrics: Arc<Metrics>,
-        max_seqs: usize,
+        scheduling: impl Into<Scheduling>,
     ) -> Result<Self> {
         let Some((draft, _)) = &models.draft else {
             bail!("speculative decoding needs models.draft");
         };
-        Self::over_speculative(max_seqs, stack, seed, metrics, |accept_rule| {
+        Self::over_speculative(scheduling.into(), stack, seed, metrics, |accept_rule| {
             SpeculativePipeline::new(models.target.clone(), draft.clone(), SpeculativeConfig { gamma, accept_rule })
         })
         .await
@@ -268,11 +310,11 @@ impl Engine {
         stack: JudgeStack,
         seed: u64,
         metrics: Arc<Metrics>,
-        max_seqs: usize,
+        scheduling: impl Into<Scheduling>,
     ) -> Result<Self> {
         stack.check_drafts_without_model()?;
         let proposer: Arc<dyn Proposer> = Arc::new(TimedProposer::new(proposer, metrics.clone()));
-        Self::over_speculative(max_seqs, stack, seed, metrics, |accept_rule| {
+        Self::over_speculative(scheduling.into(), stack, seed, metrics, |accept_rule| {
             SpeculativePipeline::with_proposer(models.target.clone(), proposer, SpeculativeConfig { gamma, accept_rule })
         })
         .await
@@ -280,7 +322,7 @@ impl Engine {
 
     /// An engine over the speculative pipeline `build` makes around a Verdict rule.
     async fn over_speculative(
-        max_seqs: usize,
+        scheduling: Scheduling,
         stack: JudgeStack,
         seed: u64,
         metrics: Arc<Metrics>,
@@ -289,7 +331,7 @@ impl Engine {
         let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
         let pipeline = build(Some(rule.clone()))?;
         Ok(Self {
-            mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), max_seqs).await,
+            mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), scheduling).await,
             rule: Some(rule),
         })
     }

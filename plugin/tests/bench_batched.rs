@@ -26,6 +26,7 @@ fn run(dir: &std::path::Path, batch: usize, out: &str) -> BTreeMap<usize, (Strin
             out: out.clone(),
             explain_divergences: false,
             batch,
+            prefix_cache: false,
         },
     )
     .unwrap();

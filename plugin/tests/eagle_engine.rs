@@ -16,7 +16,7 @@ use common::{prompts, spec};
 use mistralrs_core::speculative_hook::{Proposer, StepReport, TargetFeatures};
 use verdict::{
     config::Config,
-    engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt},
+    engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -183,6 +183,72 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
     // The tiny head's rows (32 wide) are not whole 256-value blocks of Q4_K.
     let err = format!("{:#}", models.eagle_proposer(&eagle_config_with(dir.path(), 3, "q4k")).err().unwrap());
     assert!(err.contains("eagle_weights = \"q4k\"") && err.contains("256"), "{err}");
+}
+
+/// Prompts that share a long prefix (a system prompt, few-shot examples) and differ after it.
+fn prompts_sharing_a_prefix() -> Vec<String> {
+    let prefix: Vec<usize> = (0..24).map(|i| (i * 7 + 2) % 56).collect();
+    [[3, 9], [41, 5], [3, 12], [17, 17]]
+        .iter()
+        .map(|tail| words(&prefix.iter().chain(tail).copied().collect::<Vec<_>>()))
+        .collect()
+}
+
+#[test]
+fn prefix_cache_hits_restore_the_heads_rows_and_stay_under_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Llama, 11);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    write_tiny_eagle3_head(&s, &dir.path().join("head"), &[8, 9, 10, 11], [1, 2, 2], 7).unwrap();
+    let config = eagle_config(dir.path(), 3);
+    let models = LoadedModels::load(&config).unwrap();
+    let prompts = prompts_sharing_a_prefix();
+    let plain: Vec<String> = plain_runs(&models, &config, &prompts).into_iter().map(|r| r.text).collect();
+    assert_eq!(mistralrs_core::cpu_prefix_cache_bytes(), 0, "engines without a prefix cache keep nothing");
+
+    let proposer = models.eagle_proposer(&config).unwrap();
+    let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20) };
+    let (texts, steps, held) = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let engine = Engine::with_proposer(
+            &models,
+            proposer.clone(),
+            3,
+            JudgeStack::lossless(BaseRule::Exact),
+            0,
+            Arc::new(Metrics::default()),
+            scheduling,
+        )
+        .await
+        .unwrap();
+        let rule = engine.rule.clone().unwrap();
+        rule.record_steps();
+        let (mut texts, mut held) = (Vec::new(), Vec::new());
+        for (i, p) in prompts.iter().enumerate() {
+            texts.push(generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
+            rule.settle().await;
+            held.push(mistralrs_core::cpu_prefix_cache_bytes());
+            if i == 0 {
+                // Room for one entry and a half: each later request evicts the one before.
+                mistralrs_core::set_cpu_prefix_cache_limit(Some(held[0] * 3 / 2));
+            }
+        }
+        (texts, rule.recorded_steps(), held)
+    });
+    mistralrs_core::set_cpu_prefix_cache_limit(None);
+    assert_eq!(texts, plain, "greedy EAGLE decoding after prefix-cache hits differs from plain decoding");
+    assert_cache_lengths(BaseRule::Exact, &steps);
+    // Every request after the first restored the head's rows of the shared prefix (most of
+    // the 24 shared words: the target's hit ends where the tokens part, and it redoes the
+    // last cached position for the head).
+    assert!(
+        proposer.restored_rows() >= 3 * 20,
+        "{} head rows restored over 3 hits",
+        proposer.restored_rows()
+    );
+    assert!(held[0] > 0, "the finished request's cache was not kept");
+    for (i, &bytes) in held.iter().enumerate().skip(1) {
+        assert!(bytes > 0 && bytes <= held[0] * 3 / 2, "request {i}: {bytes} bytes held, bound {}", held[0] * 3 / 2);
+    }
 }
 
 /// Drafts the target's known plain continuation, with one draft spoiled every `spoil_every`

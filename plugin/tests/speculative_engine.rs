@@ -8,11 +8,11 @@ use std::sync::Arc;
 use common::{config, prompts, spec, tiny_pair};
 use mistralrs_core::speculative_hook::StepReport;
 use verdict::{
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{generate, Engine, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
-    tiny_model::{word_index, write_tiny_model, TinyArch},
+    tiny_model::{word_index, words, write_tiny_model, TinyArch},
 };
 
 const GAMMA: usize = 3;
@@ -24,6 +24,17 @@ fn decode_all(
     dir: &std::path::Path,
     prompts: &[String],
     max_tokens: usize,
+) -> (Vec<String>, Vec<(BaseRule, Vec<String>, Vec<StepReport>)>) {
+    decode_all_with(dir, prompts, max_tokens, 1.into())
+}
+
+/// [`decode_all`] with the speculative engines scheduling as `scheduling` says (plain
+/// decoding, the reference, keeps no prefix cache).
+fn decode_all_with(
+    dir: &std::path::Path,
+    prompts: &[String],
+    max_tokens: usize,
+    scheduling: Scheduling,
 ) -> (Vec<String>, Vec<(BaseRule, Vec<String>, Vec<StepReport>)>) {
     let config = config(dir, GAMMA, "exact", max_tokens);
     let models = LoadedModels::load(&config).unwrap();
@@ -47,7 +58,7 @@ fn decode_all(
                 JudgeStack::lossless(base),
                 0,
                 Arc::new(Metrics::default()),
-                1,
+                scheduling,
             )
             .await
             .unwrap();
@@ -131,6 +142,27 @@ fn kv_caches_hold_every_committed_token_but_the_last() {
         after_full > 0,
         "no step kept every draft; the full-acceptance path went untested"
     );
+}
+
+#[test]
+fn greedy_speculative_output_after_prefix_cache_hits_is_plain_output() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_pair(dir.path(), &spec(TinyArch::Qwen2, 11), 0.2);
+    let prefix: Vec<usize> = (0..20).map(|i| (i * 5 + 1) % 56).collect();
+    let prompts: Vec<String> = [[2, 7], [30, 1], [2, 9]]
+        .iter()
+        .map(|tail| words(&prefix.iter().chain(tail).copied().collect::<Vec<_>>()))
+        .collect();
+    let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20) };
+    let (plain, speculative) = decode_all_with(dir.path(), &prompts, MAX_TOKENS, scheduling);
+    for (base, texts, steps) in speculative {
+        // After a hit the draft model reads the whole prompt; the target only what follows
+        // the cached prefix.
+        assert_eq!(texts, plain, "{base:?} after prefix-cache hits");
+        for (i, s) in steps.iter().enumerate().filter(|(_, s)| !s.finished) {
+            assert_eq!(s.target_cache_len, s.seq_len - 1, "{base:?} step {i}: {s:?}");
+        }
+    }
 }
 
 /// Plain greedy words of a tiny target for `prompt` (EOS never met: it is `<|endoftext|>`).

@@ -83,6 +83,8 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
             out: responses.clone(),
             explain_divergences: false,
             batch: plan.generate_batch,
+            // The responses were generated without one; a hit would change nothing.
+            prefix_cache: false,
         },
     )?;
     let mut runs = bench::load_checkpoint(&bench::checkpoint_path(&responses))?;

@@ -48,9 +48,25 @@ pub struct SequenceDrafter {
 }
 
 impl SequenceDrafter {
+    /// A drafter whose cache holds positions `0..cache.len()`, restored from an earlier
+    /// sequence with the same prefix; the next commit starts at `cache.len()`.
+    pub fn resumed(cache: HeadCache) -> Self {
+        Self {
+            cache,
+            offset: 0,
+            last_row: None,
+        }
+    }
+
     /// The position after the last committed one the head's cache holds.
     pub fn committed_len(&self) -> usize {
         self.offset + self.cache.len()
+    }
+
+    /// The committed cache, when it covers the sequence from position 0 (worth keeping for
+    /// sequences that share the prefix).
+    pub fn cache_from_start(&self) -> Option<&HeadCache> {
+        (self.offset == 0 && !self.cache.is_empty()).then_some(&self.cache)
     }
 
     /// Take the target's features of positions `start..start + n` (fused input rows, or the

@@ -4,7 +4,10 @@
 use std::{
     collections::HashMap,
     path::Path,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
 };
 
 use anyhow::{bail, ensure, Context, Result};
@@ -13,7 +16,10 @@ use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
 use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
 pub use super::embeddings::target_embeddings;
-use super::eagle::{SequenceDrafter, TokenEmbeddings};
+use super::{
+    eagle::{SequenceDrafter, TokenEmbeddings},
+    head_prefix_cache::HeadPrefixCache,
+};
 use crate::models::ModelSource;
 
 pub struct EagleProposer {
@@ -25,7 +31,21 @@ pub struct EagleProposer {
     vocab_size: usize,
     /// Drafting stops before a draft the head gives less than this probability (0: never).
     min_confidence: f32,
-    sequences: Mutex<HashMap<usize, SequenceDrafter>>,
+    sequences: Mutex<HashMap<usize, LiveSequence>>,
+    /// Head caches of finished sequences, for later ones that share their prefix.
+    prefix_cache: Mutex<HeadPrefixCache>,
+    /// Head cache rows taken from `prefix_cache` so far.
+    restored_rows: AtomicUsize,
+}
+
+/// Bytes of finished sequences' head caches kept by default: a position costs the head
+/// 2 KB with the Qwen2.5-1.5B target's shape, so ≈ 40 prompts of 800 tokens.
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 64 << 20;
+
+struct LiveSequence {
+    drafter: SequenceDrafter,
+    /// The sequence's tokens through the last committed position (the prefix cache's key).
+    tokens: Vec<u32>,
 }
 
 impl EagleProposer {
@@ -49,7 +69,15 @@ impl EagleProposer {
             vocab_size,
             min_confidence: 0.0,
             sequences: Mutex::new(HashMap::new()),
+            prefix_cache: Mutex::new(HeadPrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES)),
+            restored_rows: AtomicUsize::new(0),
         })
+    }
+
+    /// Keep at most `bytes` of finished sequences' head caches (0: keep none).
+    pub fn with_prefix_cache_bytes(self, bytes: usize) -> Self {
+        *self.prefix_cache() = HeadPrefixCache::new(bytes);
+        self
     }
 
     /// Stop drafting before a draft whose best token the head gives less than `p` (the first
@@ -78,8 +106,46 @@ impl EagleProposer {
         Self::new(Arc::new(head), embeddings, layers, fingerprint.vocab_size)
     }
 
-    fn sequences(&self) -> MutexGuard<'_, HashMap<usize, SequenceDrafter>> {
+    fn sequences(&self) -> MutexGuard<'_, HashMap<usize, LiveSequence>> {
         self.sequences.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn prefix_cache(&self) -> MutexGuard<'_, HeadPrefixCache> {
+        self.prefix_cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Head cache rows restored from finished sequences so far (prefix-cache hits).
+    pub fn restored_rows(&self) -> usize {
+        self.restored_rows.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of finished sequences' head caches held.
+    pub fn prefix_cache_bytes(&self) -> usize {
+        self.prefix_cache().bytes()
+    }
+
+    /// A new sequence's drafter. When the target's first forward starts past a prefix it had
+    /// cached, the head's rows for that prefix come from a finished sequence that shares it;
+    /// failing that, the head drafts without them.
+    fn start_sequence(&self, features: &TargetFeatures<'_>) -> Result<SequenceDrafter> {
+        if features.start == 0 {
+            return Ok(SequenceDrafter::default());
+        }
+        match self.prefix_cache().restore(features.tokens, features.start)? {
+            Some(cache) => {
+                self.restored_rows.fetch_add(features.start, Ordering::Relaxed);
+                tracing::debug!("EAGLE head, sequence {}: {} prefix rows restored", features.seq_id, features.start);
+                Ok(SequenceDrafter::resumed(cache))
+            }
+            None => {
+                tracing::debug!(
+                    "EAGLE head, sequence {}: no head cache for its {}-token cached prefix; drafting without it",
+                    features.seq_id,
+                    features.start
+                );
+                Ok(SequenceDrafter::default())
+            }
+        }
     }
 
     /// Sequences with drafting state (finished ones are released).
@@ -114,6 +180,86 @@ mod tests {
         let err = format!("{:#}", capture_layers(&[2, 14, 29], 28).unwrap_err());
         assert!(err.contains("29") && err.contains("28 layers"), "{err}");
     }
+
+    const HIDDEN: usize = 16;
+    const VOCAB: usize = 30;
+
+    /// Proposers over one random head (each call of `random_eagle3_head` draws another).
+    fn proposers(n: usize) -> Vec<EagleProposer> {
+        let (head, embeddings) =
+            crate::tiny_model::random_eagle3_head(HIDDEN, VOCAB, (0..VOCAB as u32).collect()).unwrap();
+        let (head, embeddings): (Arc<Eagle3Head>, Arc<dyn TokenEmbeddings>) = (Arc::new(head), Arc::new(embeddings));
+        (0..n)
+            .map(|_| EagleProposer::new(head.clone(), embeddings.clone(), vec![0, 1, 2], VOCAB).unwrap())
+            .collect()
+    }
+
+    /// What a sequence of `tokens` gives the proposer for positions `start..tokens.len() - 1`:
+    /// rows of `features` (one per position, the same whatever the sequence) and the tokens.
+    fn observe(p: &EagleProposer, seq_id: usize, tokens: &[u32], start: usize, features: &Tensor) {
+        let rows = tokens.len() - 1 - start;
+        let layers: Vec<(usize, Tensor)> = (0..3)
+            .map(|l| (l, features.narrow(0, start, rows).unwrap().narrow(1, l * HIDDEN, HIDDEN).unwrap()))
+            .collect();
+        p.observe_target(&TargetFeatures {
+            seq_id,
+            start,
+            layers: &layers,
+            next_tokens: &tokens[start + 1..],
+            tokens,
+        })
+        .unwrap();
+    }
+
+    fn greedy_drafts(p: &EagleProposer, seq_id: usize) -> (Vec<u32>, Vec<f32>) {
+        let (tokens, logits) = p
+            .propose(seq_id, 3, &mut |row| row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>())
+            .unwrap();
+        (tokens, logits.flatten_all().unwrap().to_vec1().unwrap())
+    }
+
+    #[test]
+    fn a_prefix_hit_drafts_as_a_sequence_that_saw_the_whole_prompt() {
+        let features = Tensor::randn(0f32, 1.0, (12, 3 * HIDDEN), &Device::Cpu).unwrap();
+        let first: Vec<u32> = vec![5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
+        // Shares tokens 0..=6 with `first` (the target's cache hit covers 7 of them; it
+        // redoes position 6, so the head needs rows 0..6, each valid up to token 6).
+        let second: Vec<u32> = vec![5, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23];
+
+        let [fresh, cached, other] = <[EagleProposer; 3]>::try_from(proposers(3)).ok().unwrap();
+        observe(&fresh, 1, &second, 0, &features);
+        let expected = greedy_drafts(&fresh, 1);
+
+        observe(&cached, 1, &first, 0, &features);
+        cached.release(1);
+        assert!(cached.prefix_cache_bytes() > 0);
+        observe(&cached, 2, &second, 6, &features);
+        assert_eq!(cached.restored_rows(), 6);
+        assert_eq!(cached.cache_len(2), second.len() - 1);
+        let got = greedy_drafts(&cached, 2);
+        assert_eq!(got.0, expected.0);
+        let worst = got.1.iter().zip(&expected.1).filter(|(a, _)| a.is_finite()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "restored rows draft other logits (max difference {worst})");
+
+        // One row more than the shared tokens allow is not restored: the head drafts
+        // without the prefix, from position 7 on.
+        observe(&other, 1, &first, 0, &features);
+        other.release(1);
+        observe(&other, 2, &second, 7, &features);
+        assert_eq!(other.restored_rows(), 0);
+        assert_eq!(other.cache_len(2), second.len() - 1);
+    }
+
+    #[test]
+    fn no_prefix_cache_bytes_keeps_nothing() {
+        let p = proposers(1).remove(0).with_prefix_cache_bytes(0);
+        let features = Tensor::randn(0f32, 1.0, (6, 3 * HIDDEN), &Device::Cpu).unwrap();
+        observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
+        p.release(1);
+        assert_eq!(p.prefix_cache_bytes(), 0);
+        observe(&p, 2, &[1, 2, 3, 4, 6], 2, &features);
+        assert_eq!(p.restored_rows(), 0);
+    }
 }
 
 fn to_candle(e: anyhow::Error) -> candle_core::Error {
@@ -129,8 +275,12 @@ impl Proposer for EagleProposer {
         let rows = features.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
         let aux = Tensor::cat(&rows, 1)?;
         let mut sequences = self.sequences();
-        let drafter = sequences.entry(features.seq_id).or_default();
-        drafter
+        if !sequences.contains_key(&features.seq_id) {
+            let drafter = self.start_sequence(features).map_err(to_candle)?;
+            sequences.insert(features.seq_id, LiveSequence { drafter, tokens: Vec::new() });
+        }
+        let live = sequences.get_mut(&features.seq_id).expect("inserted above");
+        live.drafter
             .commit(
                 &self.head,
                 &*self.embeddings,
@@ -139,7 +289,10 @@ impl Proposer for EagleProposer {
                 features.next_tokens,
             )
             .with_context(|| format!("EAGLE head, sequence {}", features.seq_id))
-            .map_err(to_candle)
+            .map_err(to_candle)?;
+        live.tokens.clear();
+        live.tokens.extend_from_slice(features.tokens);
+        Ok(())
     }
 
     fn propose(
@@ -149,10 +302,11 @@ impl Proposer for EagleProposer {
         sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
     ) -> candle_core::Result<(Vec<u32>, Tensor)> {
         let mut sequences = self.sequences();
-        let drafter = sequences
+        let live = sequences
             .get_mut(&seq_id)
             .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
-        let drafts = drafter
+        let drafts = live
+            .drafter
             .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {
                 Ok(sample(row)?)
             })
@@ -161,10 +315,17 @@ impl Proposer for EagleProposer {
     }
 
     fn release(&self, seq_id: usize) {
-        self.sequences().remove(&seq_id);
+        let Some(live) = self.sequences().remove(&seq_id) else {
+            return;
+        };
+        if let Some(cache) = live.drafter.cache_from_start() {
+            if let Err(e) = self.prefix_cache().insert(&live.tokens, cache) {
+                tracing::warn!("EAGLE head, sequence {seq_id}: head cache not kept for later prefixes: {e:#}");
+            }
+        }
     }
 
     fn cache_len(&self, seq_id: usize) -> usize {
-        self.sequences().get(&seq_id).map_or(0, SequenceDrafter::committed_len)
+        self.sequences().get(&seq_id).map_or(0, |live| live.drafter.committed_len())
     }
 }

@@ -4,4 +4,5 @@
 pub mod eagle;
 pub mod embeddings;
 pub mod eagle_proposer;
+pub mod head_prefix_cache;
 pub mod timed;
