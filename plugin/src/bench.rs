@@ -345,19 +345,24 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         max_seqs,
         prefix_cache_bytes,
     };
-    let (plain, speculative, eagle) = runtime.block_on(async {
+    // One engine per speculative mode, so that each mode's prefix cache holds only its own
+    // earlier requests, as plain decoding's does: modes sharing an engine would find each
+    // problem's whole prompt cached by the mode that ran it first.
+    let (plain, speculative) = runtime.block_on(async {
         let plain = Engine::plain(&models, scheduling(options.batch)).await;
         let lossless = || JudgeStack::lossless(s.base_rule);
-        let speculative = match needs_draft {
-            true => Some(Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?),
-            false => None,
-        };
-        let mut engines = Vec::new();
-        for (drafting, proposer) in eagle {
-            let engine = Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?;
-            engines.push((drafting, engine));
+        let mut speculative = BTreeMap::new();
+        for mode in stacks.keys() {
+            let engine = match eagle_drafting.get(mode) {
+                Some(drafting) => {
+                    let proposer = eagle.iter().find(|(d, _)| d == drafting).expect("a proposer per drafting").1.clone();
+                    Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?
+                }
+                None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?,
+            };
+            speculative.insert(mode.clone(), engine);
         }
-        anyhow::Ok((plain, speculative, engines))
+        anyhow::Ok((plain, speculative))
     })?;
 
     let total = selected.len() * options.modes.len();
@@ -475,13 +480,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                             None,
                         )),
                         Some(stack) => {
-                            let engine = match mode.drafts_with_eagle() {
-                                true => eagle_drafting
-                                    .get(&mode)
-                                    .and_then(|d| eagle.iter().find(|(e, _)| e == d).map(|(_, engine)| engine)),
-                                false => speculative.as_ref(),
-                            }
-                            .expect("built when a mode drafting with it is asked for");
+                            let engine = speculative.get(&mode).expect("an engine per speculative mode");
                             engine.rule.as_ref().unwrap().set_stack(stack.clone());
                             let before = metrics.snapshot();
                             let generation =
