@@ -62,7 +62,8 @@ impl Mode {
     /// `eagle:<stack>` drafts with the EAGLE head as configured; `eagle-<options>:<stack>`
     /// changes how, so drafting choices compare in one run. Options, dash-separated: a weight
     /// format (f32, q8_0, q4k), `g<N>` (up to N drafts a step), `c<P>` (stop before a draft
-    /// of head probability below P): `eagle-q4k-g6-c0.5:exact`. Returns the options' text
+    /// of head probability below P), `s<P>` (draft nothing, decoding one token, when the first
+    /// draft's probability is below P): `eagle-q4k-g6-c0.5:exact`. Returns the options' text
     /// ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
         if let Some(stack) = self.0.strip_prefix(EAGLE_MODE_PREFIX) {
@@ -93,6 +94,9 @@ impl Mode {
             } else if let Some(p) = option.strip_prefix('c') {
                 drafting.min_confidence = p.parse().with_context(bad)?;
                 ensure!((0.0..1.0).contains(&drafting.min_confidence), "{}: a probability below 1", bad());
+            } else if let Some(p) = option.strip_prefix('s') {
+                drafting.min_first_confidence = p.parse().with_context(bad)?;
+                ensure!((0.0..1.0).contains(&drafting.min_first_confidence), "{}: a probability below 1", bad());
             } else {
                 drafting.weights = option.parse().with_context(bad)?;
             }
@@ -904,7 +908,7 @@ mod tests {
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0 };
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0 };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
         assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
@@ -915,12 +919,12 @@ mod tests {
         );
         assert!(q4k.is_lossless());
         assert_eq!(
-            mode("eagle-g6-c0.5-f32:fsd").eagle_drafting(configured).unwrap(),
-            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5 }
+            mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25 }
         );
         let err = format!("{:#}", mode("eagle-q5:exact").eagle_drafting(configured).unwrap_err());
         assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
-        for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact"] {
+        for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact", "eagle-s1:exact"] {
             let err = format!("{:#}", mode(bad).eagle_drafting(configured).unwrap_err());
             assert!(err.contains(bad), "{err}");
         }

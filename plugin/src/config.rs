@@ -69,6 +69,44 @@ pub struct ModelsConfig {
     pub draft: Option<String>,
     /// Where fetched models are cached; defaults to `$VERDICT_CACHE` or `~/.cache/verdict`.
     pub cache_dir: Option<PathBuf>,
+    /// Quantize safetensors models' linear layers as they load (mistral.rs's in-situ
+    /// quantization), so they run on the same quantized CPU kernels as a GGUF. GGUF files
+    /// are quantized already and refuse it.
+    pub isq: Option<Isq>,
+}
+
+/// The in-situ quantizations `models.isq` offers: the block formats of the default GGUFs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Isq {
+    /// 4-bit super-blocks of 256 values (the width of every quantized matrix must divide by 256).
+    #[serde(rename = "q4k")]
+    Q4K,
+    /// 6-bit super-blocks of 256 values.
+    #[serde(rename = "q6k")]
+    Q6K,
+    /// 8-bit blocks of 32 values.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl Isq {
+    pub fn isq_type(self) -> mistralrs_core::IsqType {
+        match self {
+            Isq::Q4K => mistralrs_core::IsqType::Q4K,
+            Isq::Q6K => mistralrs_core::IsqType::Q6K,
+            Isq::Q8_0 => mistralrs_core::IsqType::Q8_0,
+        }
+    }
+}
+
+impl std::fmt::Display for Isq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Isq::Q4K => "q4k",
+            Isq::Q6K => "q6k",
+            Isq::Q8_0 => "q8_0",
+        })
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -91,6 +129,10 @@ pub struct SpeculativeConfig {
     /// draft is always made): a step verifies up to γ drafts, fewer where they are unlikely
     /// to be kept. 0 drafts γ every step.
     pub eagle_min_confidence: f32,
+    /// The head drafts nothing, and the step decodes one token, when it gives its first
+    /// draft less than this probability: a one-row verify costs less than a two-row one, so
+    /// unlikely first drafts do not pay for theirs. 0 always drafts.
+    pub eagle_min_first_confidence: f32,
 }
 
 /// How the EAGLE head drafts: its matrices, up to how many drafts a step, and where it stops.
@@ -99,6 +141,7 @@ pub struct EagleDrafting {
     pub weights: WeightFormat,
     pub gamma: usize,
     pub min_confidence: f32,
+    pub min_first_confidence: f32,
 }
 
 impl SpeculativeConfig {
@@ -107,6 +150,7 @@ impl SpeculativeConfig {
             weights: self.eagle_weights,
             gamma: self.gamma,
             min_confidence: self.eagle_min_confidence,
+            min_first_confidence: self.eagle_min_first_confidence,
         }
     }
 }
@@ -122,6 +166,7 @@ impl Default for SpeculativeConfig {
             eagle_head: None,
             eagle_weights: WeightFormat::F32,
             eagle_min_confidence: 0.0,
+            eagle_min_first_confidence: 0.0,
         }
     }
 }
@@ -322,6 +367,12 @@ impl Config {
             bail!(
                 "speculative.eagle_min_confidence = {} is out of range; use 0 (draft γ every step) up to below 1",
                 s.eagle_min_confidence
+            );
+        }
+        if !(0.0..1.0).contains(&s.eagle_min_first_confidence) {
+            bail!(
+                "speculative.eagle_min_first_confidence = {} is out of range; use 0 (always draft) up to below 1",
+                s.eagle_min_first_confidence
             );
         }
         match s.proposer {

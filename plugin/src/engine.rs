@@ -20,7 +20,7 @@ use verdict_heads::ModelFingerprint;
 
 use crate::{
     accept::VerdictRule,
-    config::{Config, EagleDrafting, ProposerKind, SamplingConfig, ServerConfig},
+    config::{Config, EagleDrafting, Isq, ProposerKind, SamplingConfig, ServerConfig},
     fingerprint::fingerprint,
     judge::JudgeStack,
     judges::LoadedFingerprints,
@@ -77,9 +77,19 @@ fn loader_for(source: &ModelSource) -> Result<Box<dyn Loader>> {
     }
 }
 
-/// Load one model as a mistral.rs pipeline on the CPU in f32 activations.
-pub fn load_pipeline(source: &ModelSource) -> Result<SharedPipeline> {
-    tracing::info!("loading {}", source.path().display());
+/// Load one model as a mistral.rs pipeline on the CPU in f32 activations, a safetensors
+/// model's linear layers quantized to `isq` as they load.
+pub fn load_pipeline(source: &ModelSource, isq: Option<Isq>) -> Result<SharedPipeline> {
+    if let (Some(isq), ModelSource::Gguf(file)) = (isq, source) {
+        bail!(
+            "models.isq = \"{isq}\" quantizes safetensors models as they load; {} is a GGUF file, quantized already",
+            file.display()
+        );
+    }
+    match isq {
+        Some(isq) => tracing::info!("loading {}, quantizing it to {isq}", source.path().display()),
+        None => tracing::info!("loading {}", source.path().display()),
+    }
     let start = Instant::now();
     let pipeline = loader_for(source)?
         .load_model_from_hf(
@@ -89,7 +99,7 @@ pub fn load_pipeline(source: &ModelSource) -> Result<SharedPipeline> {
             &Device::Cpu,
             true,
             DeviceMapSetting::dummy(),
-            None,
+            isq.map(Isq::isq_type),
             None,
         )
         .with_context(|| format!("cannot load model {}", source.path().display()))?;
@@ -126,10 +136,10 @@ impl LoadedModels {
             (None, true) => bail!("drafting with a draft model needs models.draft in the config"),
             _ => None,
         };
-        let target = load_pipeline(&target_source)?;
+        let target = load_pipeline(&target_source, config.models.isq)?;
         let draft = match draft_source {
             Some(source) => {
-                let draft = load_pipeline(&source)?;
+                let draft = load_pipeline(&source, config.models.isq)?;
                 check_same_vocabulary(&target, &target_source, &draft, &source)?;
                 Some((draft, source))
             }
@@ -173,6 +183,7 @@ impl LoadedModels {
         Ok(Arc::new(
             proposer
                 .with_min_confidence(drafting.min_confidence)?
+                .with_min_first_confidence(drafting.min_first_confidence)?
                 .with_prefix_cache_bytes(head_rows_kept),
         ))
     }

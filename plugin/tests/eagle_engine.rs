@@ -5,22 +5,21 @@
 
 mod common;
 
-use std::{
-    collections::HashMap,
-    path::Path,
-    sync::{Arc, Mutex},
-};
+use std::{collections::HashMap, path::Path, sync::Arc};
 
-use candle_core::{Device, Tensor};
-use common::{prompts, spec};
-use mistralrs_core::speculative_hook::{Proposer, StepReport, TargetFeatures};
+use common::{
+    prompts,
+    scripted::{plain_runs, scripted},
+    spec,
+};
+use mistralrs_core::speculative_hook::{Proposer, StepReport};
 use verdict::{
     config::Config,
-    engine::{generate, generate_with_top_tokens, Engine, LoadedModels, Prompt, Scheduling},
+    engine::{generate, Engine, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
-    tiny_model::{vocab, words, write_tiny_eagle3_head, write_tiny_model, TinyArch, TinySpec, FIRST_WORD_ID},
+    tiny_model::{words, write_tiny_eagle3_head, write_tiny_model, TinyArch, FIRST_WORD_ID},
 };
 
 const MAX_TOKENS: usize = 40;
@@ -42,30 +41,6 @@ fn many_prompts() -> Vec<String> {
     let mut all = prompts();
     all.extend((0..9).map(|i| words(&[i * 5 % 56, (i * 11 + 3) % 56, 20 + i])));
     all
-}
-
-/// A plain greedy completion: its text, its token ids, whether it stopped at EOS.
-struct PlainRun {
-    text: String,
-    ids: Vec<u32>,
-    stopped: bool,
-}
-
-/// Plain greedy completions of the target for `prompts`.
-fn plain_runs(models: &LoadedModels, config: &Config, prompts: &[String]) -> Vec<PlainRun> {
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let plain = Engine::plain(models, 1).await;
-        let mut out = Vec::new();
-        for p in prompts {
-            let g = generate_with_top_tokens(&plain.mistralrs, &Prompt::Text(p.clone()), &config.sampling, 1)
-                .await
-                .unwrap();
-            // Greedy: each position's best candidate is the emitted token.
-            let ids = g.top_tokens.iter().map(|(_, best)| best[0].0).collect();
-            out.push(PlainRun { text: g.text, ids, stopped: g.finish_reason == "stop" });
-        }
-        out
-    })
 }
 
 /// Texts and step reports of speculative decoding with `proposer`, for each lossless rule.
@@ -180,6 +155,21 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
             "{base:?}: drafts per step {drafted:?}"
         );
     }
+    // Unsure first drafts skipped: those steps decode one token, and the output is still
+    // plain decoding's.
+    let mut config = eagle_config(dir.path(), 3);
+    config.speculative.eagle_min_first_confidence = 0.5;
+    let proposer = models.eagle_proposer(&config).unwrap();
+    for (base, texts, steps) in speculative_texts(&models, &config, || proposer.clone(), &prompts) {
+        assert_eq!(texts, plain, "{base:?} skipping unsure first drafts");
+        assert_cache_lengths(base, &steps);
+        let skipped = steps.iter().filter(|s| s.drafted == 0).count();
+        assert!(
+            skipped > prompts.len() && steps.iter().any(|s| s.drafted > 0),
+            "{base:?}: {skipped} steps without drafts ({} prompts)",
+            prompts.len()
+        );
+    }
     // The tiny head's rows (32 wide) are not whole 256-value blocks of Q4_K.
     let err = format!("{:#}", models.eagle_proposer(&eagle_config_with(dir.path(), 3, "q4k")).err().unwrap());
     assert!(err.contains("eagle_weights = \"q4k\"") && err.contains("256"), "{err}");
@@ -256,91 +246,6 @@ fn prefix_cache_hits_restore_the_heads_rows_and_stay_under_the_bound() {
     for (i, &bytes) in held.iter().enumerate().skip(1) {
         assert!(bytes > 0 && bytes <= held[0] * 3 / 2, "request {i}: {bytes} bytes held, bound {}", held[0] * 3 / 2);
     }
-}
-
-/// Drafts the target's known plain continuation, with one draft spoiled every `spoil_every`
-/// steps, so a test decides which steps keep every draft.
-struct ScriptedProposer {
-    completions: Vec<Vec<u32>>,
-    vocab: usize,
-    spoil_every: Option<usize>,
-    /// seq id → (completion index, prompt length, committed length).
-    sequences: Mutex<HashMap<usize, (usize, usize, usize)>>,
-    steps: Mutex<usize>,
-}
-
-impl Proposer for ScriptedProposer {
-    fn target_layers(&self) -> Vec<usize> {
-        vec![0]
-    }
-
-    fn observe_target(&self, f: &TargetFeatures<'_>) -> candle_core::Result<()> {
-        let rows = f.layers[0].1.dim(0)?;
-        assert_eq!(rows, f.next_tokens.len());
-        let mut sequences = self.sequences.lock().unwrap();
-        let started = sequences.len();
-        let entry = sequences.entry(f.seq_id).or_insert((started, f.start + rows, 0));
-        entry.2 = f.start + rows + 1;
-        Ok(())
-    }
-
-    fn propose(
-        &self,
-        seq_id: usize,
-        gamma: usize,
-        sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
-    ) -> candle_core::Result<(Vec<u32>, Tensor)> {
-        let (which, prompt_len, committed) = self.sequences.lock().unwrap()[&seq_id];
-        let done = committed - prompt_len;
-        let mut step = self.steps.lock().unwrap();
-        *step += 1;
-        let spoil = self.spoil_every.is_some_and(|k| *step % k == 0);
-        let mut tokens = Vec::new();
-        let mut rows = Vec::new();
-        for i in 0..gamma {
-            let mut token = self.completions[which].get(done + i).copied().unwrap_or(FIRST_WORD_ID as u32);
-            if spoil && i == gamma / 2 {
-                token = if token == FIRST_WORD_ID as u32 { token + 1 } else { FIRST_WORD_ID as u32 };
-            }
-            let mut row = vec![f32::NEG_INFINITY; self.vocab];
-            row[token as usize] = 0.0;
-            let row = Tensor::new(row, &Device::Cpu)?;
-            tokens.push(sample(&row)?);
-            rows.push(row.unsqueeze(0)?);
-        }
-        Ok((tokens, Tensor::cat(&rows, 0)?))
-    }
-
-    fn release(&self, seq_id: usize) {
-        if let Some(s) = self.sequences.lock().unwrap().get_mut(&seq_id) {
-            s.2 = 0;
-        }
-    }
-
-    fn cache_len(&self, seq_id: usize) -> usize {
-        self.sequences.lock().unwrap().get(&seq_id).map_or(0, |s| s.2.saturating_sub(1))
-    }
-}
-
-fn scripted(plain: &[PlainRun], s: &TinySpec, spoil_every: Option<usize>) -> Arc<dyn Proposer> {
-    // The tiny models' EOS: `<|im_end|>` (3) with an EOS word, else `<|endoftext|>`.
-    let eos = if s.eos_word.is_some() { 3 } else { 1 };
-    Arc::new(ScriptedProposer {
-        completions: plain
-            .iter()
-            .map(|run| {
-                let mut ids = run.ids.clone();
-                if run.stopped && ids.last() != Some(&eos) {
-                    ids.push(eos);
-                }
-                ids
-            })
-            .collect(),
-        vocab: vocab(s).len(),
-        spoil_every,
-        sequences: Mutex::new(HashMap::new()),
-        steps: Mutex::new(0),
-    })
 }
 
 #[test]

@@ -160,6 +160,14 @@ impl SequenceDrafter {
         })
     }
 
+    /// The probability the head gives its best first draft, before drafting it.
+    pub fn first_draft_confidence(&self) -> Result<f32> {
+        let Some((_, logits)) = &self.last_row else {
+            anyhow::bail!("the head has no committed target features to draft from");
+        };
+        best_probability(logits)
+    }
+
     fn full_vocab_row(&self, head: &Eagle3Head, logits: &Tensor, vocab_size: usize) -> Result<Tensor> {
         let draft_logits = logits.squeeze(0)?.to_vec1::<f32>()?;
         let mut full = vec![f32::NEG_INFINITY; vocab_size];

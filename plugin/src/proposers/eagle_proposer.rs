@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
 use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
@@ -31,6 +31,9 @@ pub struct EagleProposer {
     vocab_size: usize,
     /// Drafting stops before a draft the head gives less than this probability (0: never).
     min_confidence: f32,
+    /// A step drafts nothing, decoding one token, when the head gives its first draft less
+    /// than this probability (0: never).
+    min_first_confidence: f32,
     sequences: Mutex<HashMap<usize, LiveSequence>>,
     /// Head caches of finished sequences, for later ones that share their prefix.
     prefix_cache: Mutex<HeadPrefixCache>,
@@ -68,6 +71,7 @@ impl EagleProposer {
             layers,
             vocab_size,
             min_confidence: 0.0,
+            min_first_confidence: 0.0,
             sequences: Mutex::new(HashMap::new()),
             prefix_cache: Mutex::new(HeadPrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES)),
             restored_rows: AtomicUsize::new(0),
@@ -85,6 +89,14 @@ impl EagleProposer {
     pub fn with_min_confidence(mut self, p: f32) -> Result<Self> {
         ensure!((0.0..1.0).contains(&p), "EAGLE min confidence {p} outside [0, 1)");
         self.min_confidence = p;
+        Ok(self)
+    }
+
+    /// Draft nothing when the head gives its first draft less than `p`: the step then
+    /// verifies one row, a plain decode, which here costs ≈ 30 % less than a verify of two.
+    pub fn with_min_first_confidence(mut self, p: f32) -> Result<Self> {
+        ensure!((0.0..1.0).contains(&p), "EAGLE min first-draft confidence {p} outside [0, 1)");
+        self.min_first_confidence = p;
         Ok(self)
     }
 
@@ -305,6 +317,11 @@ impl Proposer for EagleProposer {
         let live = sequences
             .get_mut(&seq_id)
             .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
+        if self.min_first_confidence > 0.0
+            && live.drafter.first_draft_confidence().map_err(to_candle)? < self.min_first_confidence
+        {
+            return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
+        }
         let drafts = live
             .drafter
             .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {

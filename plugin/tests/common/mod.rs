@@ -35,3 +35,4 @@ pub fn spec(arch: TinyArch, seed: u64) -> TinySpec {
 pub fn prompts() -> Vec<String> {
     vec![words(&[1, 2, 3]), words(&[10, 4, 4, 7, 30]), words(&[5])]
 }
+pub mod scripted;
