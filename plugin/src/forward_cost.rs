@@ -41,25 +41,53 @@ pub struct Throughput {
 
 #[derive(Debug, Serialize)]
 pub struct ForwardCostReport {
+    /// Tokens of the prompt that decoding and verifying follow (`--context-problems`).
+    pub measured_prompt_tokens: usize,
     pub forwards: Vec<ForwardCost>,
     pub throughput: Vec<Throughput>,
 }
 
 const PROMPT: &str = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May? Explain step by step.";
 
-fn long_prompt() -> String {
-    let problems = [
+/// GSM8K training problems: the prompt throughput's prompt, and context before [`PROMPT`].
+fn other_problems() -> [&'static str; 6] {
+    [
         PROMPT,
         "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?",
         "Betty is saving money for a new wallet which costs $100. Betty has only half of the money she needs. Her parents decided to give her $15 for that purpose, and her grandparents twice as much as her parents. How much more money does Betty need to buy the wallet?",
         "Julie is reading a 120-page book. Yesterday, she was able to read 12 pages and today, she read twice as many pages as yesterday. If she wants to read half of the remaining pages tomorrow, how many pages should she read?",
         "James writes a 3-page letter to 2 different friends twice a week. How many pages does he write a year?",
         "Mark has a garden with flowers. He planted plants of three different colors in it. Ten of them are yellow, and there are 80% more of those in purple. There are only 25% as many green flowers as there are yellow and purple flowers. How many flowers does Mark have in his garden?",
-    ];
+    ]
+}
+
+fn long_prompt() -> String {
+    let problems = other_problems();
     format!(
         "Here are some problems. Solve only the last one.\n\n{}",
         problems.join("\n\n")
     )
+}
+
+/// [`PROMPT`] after `context_problems` other problems (cycled), so decoding and verifying run
+/// at a longer context; [`PROMPT`] alone for 0.
+fn measured_prompt(context_problems: usize) -> String {
+    if context_problems == 0 {
+        return PROMPT.to_string();
+    }
+    let before: Vec<&str> = other_problems().into_iter().skip(1).cycle().take(context_problems).collect();
+    format!("Here are some problems. Solve only the last one.\n\n{}\n\n{PROMPT}", before.join("\n\n"))
+}
+
+/// What each measured request is.
+#[derive(Clone, Copy, Debug)]
+pub struct Requests {
+    /// Tokens generated per request.
+    pub max_tokens: usize,
+    /// Rounds over every kernel.
+    pub repeats: usize,
+    /// Other problems before the measured one (see [`measured_prompt`]).
+    pub context_problems: usize,
 }
 
 /// Accumulates one (kernel, size) cell over the interleaved repeats.
@@ -76,8 +104,7 @@ pub fn measure(
     config: &Config,
     sizes: &[usize],
     kernels: &[QuantKernel],
-    max_tokens: usize,
-    repeats: usize,
+    Requests { max_tokens, repeats, context_problems }: Requests,
 ) -> Result<ForwardCostReport> {
     let models = LoadedModels::load(config)?;
     let runtime = tokio::runtime::Runtime::new()?;
@@ -90,7 +117,7 @@ pub fn measure(
         max_tokens: 1,
         ..sampling.clone()
     };
-    let prompt = Prompt::Chat(PROMPT.to_string());
+    let prompt = Prompt::Chat(measured_prompt(context_problems));
     let long = Prompt::Chat(long_prompt());
     let initial = QuantKernel::selected();
     let report = runtime.block_on(async {
@@ -117,10 +144,12 @@ pub fn measure(
         let mut prompt_cells = vec![Cell::default(); kernels.len()];
         let mut verify = vec![vec![Cell::default(); engines.len()]; kernels.len()];
         let mut prompt_tokens = 0;
+        let mut measured_prompt_tokens = 0;
         for _ in 0..repeats {
             for (ki, kernel) in kernels.iter().enumerate() {
                 kernel.select();
                 let g = generate(&plain.mistralrs, &prompt, &sampling).await?;
+                measured_prompt_tokens = g.prompt_tokens;
                 // The first completion token comes from the prompt forward.
                 decode[ki].seconds += g.completion_seconds;
                 decode[ki].samples += g.completion_tokens.saturating_sub(1) as u64;
@@ -173,6 +202,7 @@ pub fn measure(
             });
         }
         anyhow::Ok(ForwardCostReport {
+            measured_prompt_tokens,
             forwards,
             throughput,
         })

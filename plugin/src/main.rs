@@ -139,6 +139,10 @@ enum Command {
         /// Repeats of each isolated matmul (median); 0 skips the matmul table.
         #[arg(long, default_value_t = 5)]
         matmul_repeats: usize,
+        /// Other problems before the measured one in the decode and verify prompt, ≈ 60
+        /// tokens each (0: it alone, ≈ 60 tokens of context; 10 is ≈ a GSM8K few-shot prompt).
+        #[arg(long, default_value_t = 0)]
+        context_problems: usize,
         /// JSON report.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -264,13 +268,13 @@ fn main() -> Result<()> {
             max_tokens,
             repeats,
             matmul_repeats,
+            context_problems,
             out,
         } => forward_cost_command(
             &Config::load(&config)?,
             tokens,
             &kernels,
-            max_tokens,
-            repeats,
+            forward_cost::Requests { max_tokens, repeats, context_problems },
             matmul_repeats,
             out,
         ),
@@ -420,20 +424,20 @@ fn forward_cost_command(
     config: &Config,
     mut tokens: Vec<usize>,
     kernels: &[QuantKernel],
-    max_tokens: usize,
-    repeats: usize,
+    requests: forward_cost::Requests,
     matmul_repeats: usize,
     out: Option<PathBuf>,
 ) -> Result<()> {
     anyhow::ensure!(!kernels.is_empty(), "--kernels is empty");
-    anyhow::ensure!(repeats > 0, "--repeats must be at least 1");
+    anyhow::ensure!(requests.repeats > 0, "--repeats must be at least 1");
     if let Some(bad) = tokens.iter().find(|&&m| m == 0 || m > 33) {
         anyhow::bail!("--tokens {bad}: a forward is 1..=33 tokens (γ + 1 with γ <= 32)");
     }
     tokens.push(1);
     tokens.sort_unstable();
     tokens.dedup();
-    let report = forward_cost::measure(config, &tokens, kernels, max_tokens, repeats)?;
+    let report = forward_cost::measure(config, &tokens, kernels, requests)?;
+    println!("decoding and verifying after a prompt of {} tokens\n", report.measured_prompt_tokens);
     println!("| kernel | tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|---|");
     for c in &report.forwards {
         println!(
