@@ -20,6 +20,7 @@ pub mod kernels;
 pub mod matmul_cost;
 pub mod metrics;
 pub mod models;
+pub mod openai_conventions;
 pub mod paired;
 pub mod plot;
 pub mod proposers;

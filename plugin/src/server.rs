@@ -7,26 +7,36 @@ use axum::{http::header::CONTENT_TYPE, routing::get, Router};
 use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
 use tokio::net::TcpListener;
 
-use crate::{engine::Engine, metrics::Metrics};
+use crate::{
+    engine::{Engine, MODEL_ID},
+    metrics::Metrics,
+    openai_conventions,
+};
 
-/// The OpenAI routes of mistral.rs for `engine`, and `/metrics` rendering `metrics`.
+/// The OpenAI routes of mistral.rs for `engine`, held to OpenAI's conventions (requests
+/// checked, responses naming the served model), and `/metrics` rendering `metrics`.
 pub async fn router(engine: &Engine, metrics: Arc<Metrics>) -> Result<Router> {
     let router = MistralRsServerRouterBuilder::new()
         .with_mistralrs(engine.mistralrs.clone())
         .build()
         .await?;
-    Ok(router.route(
-        "/metrics",
-        get(move || {
-            let metrics = metrics.clone();
-            async move {
-                (
-                    [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    metrics.render_prometheus(),
-                )
-            }
-        }),
-    ))
+    Ok(router
+        .layer(axum::middleware::from_fn_with_state(
+            MODEL_ID.to_string(),
+            openai_conventions::enforce,
+        ))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics.render_prometheus(),
+                    )
+                }
+            }),
+        ))
 }
 
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {

@@ -73,6 +73,7 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
         (addr, engine)
     });
     let client = reqwest::blocking::Client::new();
+    check_openai_conventions(&client, addr);
 
     let prompts: Vec<String> = (0..3).map(|i| words(&[i + 1, 2 * i + 3, 7])).collect();
     let sequential: Vec<String> = prompts
@@ -140,4 +141,36 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
         metrics_text.contains("verdict_spec_decode_mean_acceptance_length "),
         "{metrics_text}"
     );
+}
+
+/// What OpenAI clients expect: responses name the served model (streamed or not), an
+/// out-of-range sampling value is a 400 naming the field, an unknown model a 404.
+fn check_openai_conventions(client: &reqwest::blocking::Client, addr: SocketAddr) {
+    let prompt = words(&[4, 5, 6]);
+    let (status, body) = post(client, addr, &chat_body(&prompt, false));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["model"], "verdict", "{body}");
+    let (status, stream) = post(client, addr, &chat_body(&prompt, true));
+    assert_eq!(status, 200, "{stream}");
+    let chunks: Vec<Value> = stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| l.trim() != "[DONE]")
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!chunks.is_empty() && chunks.iter().all(|c| c["model"] == "verdict"), "{stream}");
+    for (field, value) in [("temperature", json!(-1.0)), ("max_tokens", json!(0)), ("top_p", json!(1.5))] {
+        let mut body = chat_body(&prompt, false);
+        body[field] = value;
+        let (status, text) = post(client, addr, &body);
+        assert_eq!(status, 400, "{field}: {text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["param"], field, "{text}");
+    }
+    let mut body = chat_body(&prompt, false);
+    body["model"] = json!("gpt-4o");
+    let (status, text) = post(client, addr, &body);
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("gpt-4o") && text.contains("verdict"), "{text}");
 }
