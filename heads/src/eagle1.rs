@@ -75,7 +75,7 @@ impl Eagle1Config {
         ensure!(self.num_hidden_layers == 1, "EAGLE-1 heads have one layer, config says {}", self.num_hidden_layers);
         ensure!(self.hidden_act == "silu", "hidden_act {:?}: only silu is supported", self.hidden_act);
         ensure!(
-            self.num_attention_heads % self.kv_heads() == 0,
+            self.num_attention_heads.is_multiple_of(self.kv_heads()),
             "num_attention_heads {} is not a multiple of num_key_value_heads {}",
             self.num_attention_heads,
             self.kv_heads()

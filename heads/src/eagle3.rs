@@ -125,7 +125,7 @@ impl Eagle3Config {
         ensure!(self.hidden_act == "silu", "hidden_act {:?}: only silu is supported", self.hidden_act);
         ensure!(!self.tie_word_embeddings, "tie_word_embeddings must be false for an EAGLE-3 head (its lm_head is its own)");
         ensure!(
-            self.num_attention_heads % self.num_key_value_heads == 0,
+            self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
             "num_attention_heads {} is not a multiple of num_key_value_heads {}",
             self.num_attention_heads,
             self.num_key_value_heads
@@ -601,11 +601,11 @@ mod tests {
                 .unwrap();
             let mut hidden = committed.hidden.narrow(0, i, 1).unwrap();
             assert!(max_abs_diff(&committed.logits.i(i).unwrap(), &unrolled[0].logits.i(i).unwrap()) < 1e-5);
-            for j in 1..steps {
+            for (j, step) in unrolled.iter().enumerate().take(steps).skip(1) {
                 let out = head
                     .forward(&token_embeds.narrow(0, i + j, 1).unwrap(), &hidden, i + j, &mut cache)
                     .unwrap();
-                let diff = max_abs_diff(&out.logits.squeeze(0).unwrap(), &unrolled[j].logits.i(i).unwrap());
+                let diff = max_abs_diff(&out.logits.squeeze(0).unwrap(), &step.logits.i(i).unwrap());
                 assert!(diff < 1e-5, "row {i}, step {j}: {diff}");
                 hidden = out.hidden;
             }

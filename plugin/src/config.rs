@@ -231,7 +231,7 @@ impl Default for ServerConfig {
 impl ServerConfig {
     /// The prefix cache's bound in bytes, `None` when it is off.
     pub fn prefix_cache_bytes(&self) -> Option<usize> {
-        (self.prefix_cache_mb > 0).then(|| self.prefix_cache_mb << 20)
+        (self.prefix_cache_mb > 0).then_some(self.prefix_cache_mb << 20)
     }
 }
 

@@ -380,8 +380,11 @@ pub struct Generation {
     /// (token id, text, score). Under greedy decoding mistral.rs 0.8.1 reports log10 of
     /// the raw logit as the "logprob", so `score` is `10^logprob`, the logit itself.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub top_tokens: Vec<(String, Vec<(u32, String, f32)>)>,
+    pub top_tokens: Vec<(String, Vec<Candidate>)>,
 }
+
+/// A candidate token at one position: (token id, text, score).
+pub type Candidate = (u32, String, f32);
 
 pub fn sampling_params(sampling: &SamplingConfig) -> SamplingParams {
     SamplingParams {

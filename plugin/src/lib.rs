@@ -1,7 +1,8 @@
 //! Verdict: a configurable judge stack of lossy verifiers for speculative decoding in
 //! mistral.rs, with lossless base rules, metrics, a server and a benchmark.
 //!
-//! Where a token is accepted: [`accept::VerdictRule::accept`] → [`judge::JudgeStack::decide`].
+//! Where a token is accepted: [`accept::VerdictRule`] (its `AcceptRule::accept`) →
+//! [`judge::JudgeStack::decide`].
 
 pub mod accept;
 pub mod bench;

@@ -56,7 +56,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         assert_eq!(text("eagle:exact"), text("plain"), "problem {problem}");
         assert_eq!(text("eagle-q8_0:exact"), text("plain"), "problem {problem}");
         assert_eq!(text("plain-again"), text("plain"), "problem {problem}");
-        let last = runs.iter().filter(|r| r["problem"] == problem).last().unwrap();
+        let last = runs.iter().rfind(|r| r["problem"] == problem).unwrap();
         assert_eq!(last["mode"], "plain-again", "problem {problem}: plain-again runs after every other mode");
     }
 

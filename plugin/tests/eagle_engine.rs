@@ -284,7 +284,7 @@ fn an_eos_among_a_proposers_drafts_ends_the_sequence_there() {
             write_tiny_model(&s, &probe.join("target")).unwrap();
             let config = eagle_config(&probe, GAMMA);
             let models = LoadedModels::load(&config).unwrap();
-            let ids = plain_runs(&models, &config, &[prompt.clone()]).remove(0).ids;
+            let ids = plain_runs(&models, &config, std::slice::from_ref(&prompt)).remove(0).ids;
             (5..ids.len())
                 .find(|&p| {
                     ids[p] as usize >= FIRST_WORD_ID && !ids[..p].contains(&ids[p]) && (p - 1) % (GAMMA + 1) != GAMMA
@@ -299,7 +299,7 @@ fn an_eos_among_a_proposers_drafts_ends_the_sequence_there() {
     write_tiny_model(&s, &dir.path().join("target")).unwrap();
     let config = eagle_config(dir.path(), GAMMA);
     let models = LoadedModels::load(&config).unwrap();
-    let plain = plain_runs(&models, &config, &[prompt.clone()]);
+    let plain = plain_runs(&models, &config, std::slice::from_ref(&prompt));
     assert!(plain[0].stopped, "plain decoding stops at the new EOS: {:?}", plain[0].text);
     assert_eq!(plain[0].ids[..eos_position].len(), eos_position);
     assert!(plain[0].ids.len() <= eos_position + 1, "{:?}", plain[0].ids);

@@ -18,13 +18,16 @@ use verdict::{
 const GAMMA: usize = 3;
 const MAX_TOKENS: usize = 40;
 
+/// Per base rule: the speculative texts and the steps' reports.
+type SpeculativeRuns = Vec<(BaseRule, Vec<String>, Vec<StepReport>)>;
+
 /// Texts from plain decoding, then from speculative decoding with each base rule, with
 /// the step reports of the speculative runs.
 fn decode_all(
     dir: &std::path::Path,
     prompts: &[String],
     max_tokens: usize,
-) -> (Vec<String>, Vec<(BaseRule, Vec<String>, Vec<StepReport>)>) {
+) -> (Vec<String>, SpeculativeRuns) {
     decode_all_with(dir, prompts, max_tokens, 1.into())
 }
 
@@ -35,7 +38,7 @@ fn decode_all_with(
     prompts: &[String],
     max_tokens: usize,
     scheduling: Scheduling,
-) -> (Vec<String>, Vec<(BaseRule, Vec<String>, Vec<StepReport>)>) {
+) -> (Vec<String>, SpeculativeRuns) {
     let config = config(dir, GAMMA, "exact", max_tokens);
     let models = LoadedModels::load(&config).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();

@@ -221,7 +221,7 @@ pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, 
 /// fingerprint (other engines ignore it; Verdict refuses the head for any other target).
 fn head_config(plan: &EaglePlan, models: &LoadedModels) -> Result<Eagle3Config> {
     let target = &models.target_fingerprint;
-    ensure!(target.hidden_size % plan.heads == 0, "--heads {} does not divide the target's width {}", plan.heads, target.hidden_size);
+    ensure!(target.hidden_size.is_multiple_of(plan.heads), "--heads {} does not divide the target's width {}", plan.heads, target.hidden_size);
     Ok(serde_json::from_value(serde_json::json!({
         "hidden_size": target.hidden_size,
         "intermediate_size": plan.intermediate_size,

@@ -1,6 +1,6 @@
 //! `train-head features`: the hidden states AutoJudge's head reads, for every mined mismatch.
 //!
-//! For a mismatch at position t with draft token d, both models read prompt ⊕ y[:t] ⊕ d and
+//! For a mismatch at position t with draft token d, both models read prompt ⊕ `y[:t]` ⊕ d and
 //! the post-norm last hidden state at d's position is kept (the state that encodes the
 //! draft token, as the verify forward produces it at run time). Requests of one problem go
 //! in position order, so the prefix cache makes each cost about the tokens since the last.

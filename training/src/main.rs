@@ -169,7 +169,7 @@ struct TaskArgs {
     config: PathBuf,
     #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k"])]
     task: String,
-    /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K, else the fetched copy in the
+    /// Folder holding `<split>.jsonl` (default: $VERDICT_GSM8K, else the fetched copy in the
     /// cache; GSM8K train is in no registry package, so name its folder here).
     #[arg(long)]
     data_dir: Option<PathBuf>,

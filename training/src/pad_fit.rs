@@ -124,6 +124,9 @@ fn weighted_cross_entropy(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
     Ok((weighted / batch.weights.sum_all()?.to_scalar::<f32>()? as f64)?)
 }
 
+/// The MLP's parameters by name, as the best epoch left them.
+type NamedParameters = Vec<(String, Tensor)>;
+
 /// Fit the pivot MLP; `target` is the model the features came from.
 pub fn fit_pivot_mlp(
     samples: &[PivotSample],
@@ -174,7 +177,7 @@ pub fn fit_pivot_mlp(
             ..Default::default()
         },
     )?;
-    let mut best: Option<(usize, f64, Vec<(String, Tensor)>)> = None;
+    let mut best: Option<(usize, f64, NamedParameters)> = None;
     for epoch in 1..=options.epochs {
         let loss = weighted_cross_entropy(
             &mlp.logits(&train_batch.hidden, &train_batch.small)?,

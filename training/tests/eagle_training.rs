@@ -120,12 +120,12 @@ fn a_head_learns_the_targets_features_and_resumes_exactly() {
     let f = SequenceFeatures::load(&files[0]).unwrap();
     let aux = f.aux.to_dtype(DType::F32).unwrap();
     let embeds = Tensor::randn(0f32, 1.0, (f.len(), 32), &Device::Cpu).unwrap();
-    let trained = whole.head.forward_ttt(&aux, &[embeds.clone()]).unwrap();
+    let trained = whole.head.forward_ttt(&aux, std::slice::from_ref(&embeds)).unwrap();
     for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::F16, 2e-2)] {
         let out = dir.path().join(format!("head-{dtype:?}"));
         whole.save_head(&out, dtype).unwrap();
         let loaded = Eagle3Head::load(&out, &Device::Cpu).unwrap();
-        let got = loaded.forward_ttt(&aux, &[embeds.clone()]).unwrap();
+        let got = loaded.forward_ttt(&aux, std::slice::from_ref(&embeds)).unwrap();
         let gap = (&trained[0].logits - &got[0].logits).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(gap < tolerance, "{dtype:?}: the loaded head's logits differ by {gap}");
         for (d, &t) in used.iter().enumerate() {

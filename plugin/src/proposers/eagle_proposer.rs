@@ -178,6 +178,82 @@ pub fn capture_layers(aux: &[usize], num_layers: usize) -> Result<Vec<usize>> {
         .collect()
 }
 
+
+fn to_candle(e: anyhow::Error) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{e:#}"))
+}
+
+impl Proposer for EagleProposer {
+    fn target_layers(&self) -> Vec<usize> {
+        self.layers.clone()
+    }
+
+    fn observe_target(&self, features: &TargetFeatures<'_>) -> candle_core::Result<()> {
+        let rows = features.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
+        let aux = Tensor::cat(&rows, 1)?;
+        let mut sequences = self.sequences();
+        let live = match sequences.entry(features.seq_id) {
+            std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let drafter = self.start_sequence(features).map_err(to_candle)?;
+                slot.insert(LiveSequence { drafter, tokens: Vec::new() })
+            }
+        };
+        live.drafter
+            .commit(
+                &self.head,
+                &*self.embeddings,
+                features.start,
+                &aux,
+                features.next_tokens,
+            )
+            .with_context(|| format!("EAGLE head, sequence {}", features.seq_id))
+            .map_err(to_candle)?;
+        live.tokens.clear();
+        live.tokens.extend_from_slice(features.tokens);
+        Ok(())
+    }
+
+    fn propose(
+        &self,
+        seq_id: usize,
+        gamma: usize,
+        sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
+    ) -> candle_core::Result<(Vec<u32>, Tensor)> {
+        let mut sequences = self.sequences();
+        let live = sequences
+            .get_mut(&seq_id)
+            .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
+        if self.min_first_confidence > 0.0
+            && live.drafter.first_draft_confidence().map_err(to_candle)? < self.min_first_confidence
+        {
+            return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
+        }
+        let drafts = live
+            .drafter
+            .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {
+                Ok(sample(row)?)
+            })
+            .map_err(to_candle)?;
+        Ok((drafts.tokens, drafts.logits))
+    }
+
+    fn release(&self, seq_id: usize) {
+        let Some(live) = self.sequences().remove(&seq_id) else {
+            return;
+        };
+        if let Some(cache) = live.drafter.cache_from_start() {
+            if let Err(e) = self.prefix_cache().insert(&live.tokens, cache) {
+                tracing::warn!("EAGLE head, sequence {seq_id}: head cache not kept for later prefixes: {e:#}");
+            }
+        }
+    }
+
+    fn cache_len(&self, seq_id: usize) -> usize {
+        self.sequences().get(&seq_id).map_or(0, |live| live.drafter.committed_len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,78 +347,5 @@ mod tests {
         assert_eq!(p.prefix_cache_bytes(), 0);
         observe(&p, 2, &[1, 2, 3, 4, 6], 2, &features);
         assert_eq!(p.restored_rows(), 0);
-    }
-}
-
-fn to_candle(e: anyhow::Error) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{e:#}"))
-}
-
-impl Proposer for EagleProposer {
-    fn target_layers(&self) -> Vec<usize> {
-        self.layers.clone()
-    }
-
-    fn observe_target(&self, features: &TargetFeatures<'_>) -> candle_core::Result<()> {
-        let rows = features.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
-        let aux = Tensor::cat(&rows, 1)?;
-        let mut sequences = self.sequences();
-        if !sequences.contains_key(&features.seq_id) {
-            let drafter = self.start_sequence(features).map_err(to_candle)?;
-            sequences.insert(features.seq_id, LiveSequence { drafter, tokens: Vec::new() });
-        }
-        let live = sequences.get_mut(&features.seq_id).expect("inserted above");
-        live.drafter
-            .commit(
-                &self.head,
-                &*self.embeddings,
-                features.start,
-                &aux,
-                features.next_tokens,
-            )
-            .with_context(|| format!("EAGLE head, sequence {}", features.seq_id))
-            .map_err(to_candle)?;
-        live.tokens.clear();
-        live.tokens.extend_from_slice(features.tokens);
-        Ok(())
-    }
-
-    fn propose(
-        &self,
-        seq_id: usize,
-        gamma: usize,
-        sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
-    ) -> candle_core::Result<(Vec<u32>, Tensor)> {
-        let mut sequences = self.sequences();
-        let live = sequences
-            .get_mut(&seq_id)
-            .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
-        if self.min_first_confidence > 0.0
-            && live.drafter.first_draft_confidence().map_err(to_candle)? < self.min_first_confidence
-        {
-            return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
-        }
-        let drafts = live
-            .drafter
-            .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {
-                Ok(sample(row)?)
-            })
-            .map_err(to_candle)?;
-        Ok((drafts.tokens, drafts.logits))
-    }
-
-    fn release(&self, seq_id: usize) {
-        let Some(live) = self.sequences().remove(&seq_id) else {
-            return;
-        };
-        if let Some(cache) = live.drafter.cache_from_start() {
-            if let Err(e) = self.prefix_cache().insert(&live.tokens, cache) {
-                tracing::warn!("EAGLE head, sequence {seq_id}: head cache not kept for later prefixes: {e:#}");
-            }
-        }
-    }
-
-    fn cache_len(&self, seq_id: usize) -> usize {
-        self.sequences().get(&seq_id).map_or(0, |live| live.drafter.committed_len())
     }
 }

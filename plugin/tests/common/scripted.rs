@@ -76,7 +76,7 @@ impl Proposer for ScriptedProposer {
         let done = committed - prompt_len;
         let mut step = self.steps.lock().unwrap();
         *step += 1;
-        let spoil = self.spoil_every.is_some_and(|k| *step % k == 0);
+        let spoil = self.spoil_every.is_some_and(|k| step.is_multiple_of(k));
         let drafts = gamma.min(self.max_drafts);
         let mut tokens = Vec::new();
         let mut rows = Vec::new();
