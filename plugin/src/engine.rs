@@ -111,6 +111,13 @@ pub fn load_pipeline(source: &ModelSource, isq: Option<Isq>) -> Result<SharedPip
     Ok(pipeline)
 }
 
+/// The process's resident memory (Linux `VmRSS`), in MiB.
+pub fn resident_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb / 1024.0)
+}
+
 /// Target and (when speculation is on) draft, loaded once and shared by every engine.
 pub struct LoadedModels {
     pub target: SharedPipeline,
@@ -150,6 +157,9 @@ impl LoadedModels {
             .as_ref()
             .map(|(pipeline, source)| fingerprint(pipeline, source))
             .transpose()?;
+        if let Some(mib) = resident_mib() {
+            tracing::info!("models loaded: the process holds {mib:.0} MiB resident");
+        }
         Ok(Self {
             target,
             target_source,

@@ -106,6 +106,8 @@ pub fn measure(
     kernels: &[QuantKernel],
     Requests { max_tokens, repeats, context_problems }: Requests,
 ) -> Result<ForwardCostReport> {
+    // Kernels are compared on the same weights: blocks, with panels beside them.
+    QuantKernel::hold_weights_once(false);
     let models = LoadedModels::load(config)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let sampling = SamplingConfig {

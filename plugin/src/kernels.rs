@@ -36,6 +36,14 @@ impl QuantKernel {
         candle_core::quantized::set_one_row_on_panels(self == QuantKernel::RowInvariant);
     }
 
+    /// Holds each Q4_K / Q6_K matrix loaded from now on once, as the panels the row-invariant
+    /// kernels read (its blocks dropped; ≈ 1 GB less for the 1.5B target), or, with `false`,
+    /// as blocks with panels made beside them on first use: what kernel comparisons need,
+    /// since panels held alone multiply the same way whichever kernel is selected.
+    pub fn hold_weights_once(once: bool) {
+        candle_core::quantized::set_panels_replace_blocks(once);
+    }
+
     pub fn selected() -> Self {
         if !candle_core::quantized::weight_stationary_matmul() {
             QuantKernel::Stock

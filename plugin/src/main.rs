@@ -188,6 +188,7 @@ fn main() -> Result<()> {
     // whether its row was decoded alone or verified among drafts (lossless means identical),
     // and decoding is not slower (`verdict forward-cost --kernels weight-stationary,row-invariant`).
     QuantKernel::RowInvariant.select();
+    QuantKernel::hold_weights_once(true);
     match Cli::parse().command {
         Command::Serve { config, port } => serve(&Config::load(&config)?, port),
         Command::Generate {
@@ -211,6 +212,8 @@ fn main() -> Result<()> {
             no_prefix_cache,
         } => {
             quant_kernel.select();
+            // Another kernel than the default multiplies blocks, which must then be kept.
+            QuantKernel::hold_weights_once(quant_kernel == QuantKernel::RowInvariant);
             let config = Config::load(&config)?;
             let cache = models::cache_dir(config.models.cache_dir.as_deref());
             let report = bench::run(

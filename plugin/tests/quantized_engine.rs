@@ -1,9 +1,10 @@
 //! Lossless means identical on quantized weights: tiny targets and drafts quantized as they
 //! load (`models.isq`: Q4_K, Q6_K, Q8_0) run through the same CPU kernels as the real GGUFs.
-//! With the row-invariant kernels (what `verdict` selects), a row of the target's logits has
-//! the same bits whether it was decoded alone, verified among up to 8 rows, or computed after
-//! a prefix-cache hit (a prompt prefilled in two chunks); and greedy `exact` and `rejection`
-//! speculation write plain decoding's tokens for every γ in 1..=8.
+//! With the row-invariant kernels and weights held once as panels (what `verdict` selects), a
+//! row of the target's logits has the same bits whether it was decoded alone, verified among
+//! up to 8 rows, or computed after a prefix-cache hit (a prompt prefilled in two chunks); and
+//! greedy `exact` and `rejection` speculation write plain decoding's tokens for every γ in
+//! 1..=8.
 
 mod common;
 
@@ -122,6 +123,7 @@ fn assert_same_rows(alone: &Rows, other: &Rows, what: &str) -> usize {
 #[test]
 fn a_rows_logits_have_the_same_bits_alone_in_a_verify_and_after_a_prefix_hit() {
     QuantKernel::RowInvariant.select();
+    QuantKernel::hold_weights_once(true);
     let dir = tempfile::tempdir().unwrap();
     let s = quantizable_spec(11);
     tiny_pair(dir.path(), &s, 0.2);
@@ -156,6 +158,7 @@ fn a_rows_logits_have_the_same_bits_alone_in_a_verify_and_after_a_prefix_hit() {
 #[test]
 fn greedy_lossless_speculation_on_quantized_models_is_plain_decoding_for_every_gamma() {
     QuantKernel::RowInvariant.select();
+    QuantKernel::hold_weights_once(true);
     let dir = tempfile::tempdir().unwrap();
     tiny_pair(dir.path(), &quantizable_spec(11), 0.2);
     for isq in [Isq::Q4K, Isq::Q6K, Isq::Q8_0] {

@@ -261,3 +261,44 @@ fn row_invariant_single_rows_equal_rows_among_many() {
     }
     QuantKernel::WeightStationary.select();
 }
+
+/// Weights held once: panels that replace a matrix's blocks give the blocks back byte for
+/// byte, dequantize to the same values, and multiply as the blocks do on the row-invariant
+/// kernels, whichever kernel is selected (they have no other).
+#[test]
+fn panels_held_alone_are_the_blocks() {
+    let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = XorShift(7);
+    let dev = Device::Cpu;
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0] {
+        for (k, n) in shapes(dtype) {
+            let blocks = weights(&mut rng, dtype, n, k);
+            let QMatMul::QTensor(q) = &blocks else { panic!("expected a quantized weight") };
+            let Some(panels) = q.panels_replacing_blocks() else {
+                assert!(!vnni_kernel(dtype), "{dtype:?} {n}x{k}: no panels on a CPU with the kernels");
+                continue;
+            };
+            assert!(panels.holds_panels() && !q.holds_panels());
+            assert!(panels.data().unwrap() == q.data().unwrap(), "{dtype:?} {n}x{k}: blocks rebuilt differ");
+            assert_eq!(panels.storage_size_in_bytes(), q.storage_size_in_bytes());
+            let dequantized = |t: &QTensor| t.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let same_bits = |a: Vec<f32>, b: Vec<f32>| a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same_bits(dequantized(&panels), dequantized(q)), "{dtype:?} {n}x{k}: dequantized values differ");
+            let held_once = QMatMul::from_qtensor(panels).unwrap();
+            let xs = values(&mut rng, 9, k);
+            for m in [1, 2, 5, 8, 9] {
+                let x = Tensor::from_slice(&xs[..m * k], (1, m, k), &dev).unwrap();
+                let expected = forward_bits(QuantKernel::RowInvariant, &blocks, &x);
+                assert_eq!(forward_bits(QuantKernel::RowInvariant, &held_once, &x), expected, "{dtype:?} {n}x{k} m={m}");
+                assert_eq!(forward_bits(QuantKernel::Stock, &held_once, &x), expected, "{dtype:?} {n}x{k} m={m}");
+            }
+        }
+    }
+    // With the switch on, a matrix made ready for multiplication keeps only its panels.
+    candle_core::quantized::set_panels_replace_blocks(true);
+    let blocks = weights(&mut rng, GgmlDType::Q4K, 37, 256);
+    candle_core::quantized::set_panels_replace_blocks(false);
+    let QMatMul::QTensor(q) = &blocks else { panic!("expected a quantized weight") };
+    assert_eq!(q.holds_panels(), vnni_kernel(GgmlDType::Q4K));
+    QuantKernel::WeightStationary.select();
+}
