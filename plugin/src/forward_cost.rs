@@ -62,11 +62,13 @@ fn other_problems() -> [&'static str; 6] {
 }
 
 fn long_prompt() -> String {
-    let problems = other_problems();
-    format!(
-        "Here are some problems. Solve only the last one.\n\n{}",
-        problems.join("\n\n")
-    )
+    problems_prompt(other_problems())
+}
+
+/// One prompt asking for the last of `problems`.
+fn problems_prompt<'a>(problems: impl IntoIterator<Item = &'a str>) -> String {
+    let problems: Vec<&str> = problems.into_iter().collect();
+    format!("Here are some problems. Solve only the last one.\n\n{}", problems.join("\n\n"))
 }
 
 /// [`PROMPT`] after `context_problems` other problems (cycled), so decoding and verifying run
@@ -75,8 +77,8 @@ fn measured_prompt(context_problems: usize) -> String {
     if context_problems == 0 {
         return PROMPT.to_string();
     }
-    let before: Vec<&str> = other_problems().into_iter().skip(1).cycle().take(context_problems).collect();
-    format!("Here are some problems. Solve only the last one.\n\n{}\n\n{PROMPT}", before.join("\n\n"))
+    let before = other_problems().into_iter().skip(1).cycle().take(context_problems);
+    problems_prompt(before.chain([PROMPT]))
 }
 
 /// What each measured request is.

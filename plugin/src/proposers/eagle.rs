@@ -8,7 +8,7 @@
 //! one's output gives the first draft, and each later draft feeds the previous draft's
 //! embedding with the head's own output.
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use verdict_heads::{Eagle3Head, HeadCache};
 
@@ -133,9 +133,7 @@ impl SequenceDrafter {
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
         let cached = self.cache.len();
-        let Some((mut hidden, mut logits)) = self.last_row.clone() else {
-            anyhow::bail!("the head has no committed target features to draft from");
-        };
+        let (mut hidden, mut logits) = self.committed_row()?.clone();
         let mut tokens = Vec::with_capacity(gamma);
         let mut rows = Vec::with_capacity(gamma);
         for step in 0..gamma {
@@ -162,10 +160,14 @@ impl SequenceDrafter {
 
     /// The probability the head gives its best first draft, before drafting it.
     pub fn first_draft_confidence(&self) -> Result<f32> {
-        let Some((_, logits)) = &self.last_row else {
-            anyhow::bail!("the head has no committed target features to draft from");
-        };
-        best_probability(logits)
+        best_probability(&self.committed_row()?.1)
+    }
+
+    /// The head's (hidden, logits) at the last committed position: where drafting starts.
+    fn committed_row(&self) -> Result<&(Tensor, Tensor)> {
+        self.last_row
+            .as_ref()
+            .context("the head has no committed target features to draft from")
     }
 
     fn full_vocab_row(&self, head: &Eagle3Head, logits: &Tensor, vocab_size: usize) -> Result<Tensor> {
