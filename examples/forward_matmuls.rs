@@ -8,7 +8,7 @@
 //! kind of weight.
 //!
 //! ```sh
-//! cargo run --release -p verdict --example forward_matmuls -- 1,8 5 [stock|weight-stationary]
+//! cargo run --release -p verdict-cli --example forward_matmuls -- 1,8 5 [stock|weight-stationary]
 //! ```
 use std::{collections::BTreeMap, time::Instant};
 
@@ -17,7 +17,7 @@ use candle_core::{
     quantized::{set_weight_stationary_matmul, GgmlDType, QMatMul, QTensor},
     Device, Module, Tensor,
 };
-use verdict::matmul_cost::median;
+use verdict_cli::matmul_cost::median;
 
 const LAYERS: usize = 28;
 const HIDDEN: usize = 1536;

@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-# The GSM8K adapter's committed-answer pattern (plugin/src/tasks/gsm8k.rs, FINAL_ANSWER): a
+# The GSM8K adapter's committed-answer pattern (cli/src/tasks/gsm8k.rs, FINAL_ANSWER): a
 # response without it was cut off or never concluded, and scores by its last number.
 FINAL_ANSWER = re.compile(
     r"(?i)(?:final answer is[:\s]*(?:\*\*)?\s*(?:\\\(|\\\[|\$)?\s*(?:\\boxed\{)?|\\boxed\{)\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)"

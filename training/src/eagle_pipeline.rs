@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use serde::Serialize;
 use verdict::{
-    bench::{self, BenchOptions, Mode},
     config::Config,
     engine::LoadedModels,
     models::ModelSource,
     proposers::eagle_proposer::{capture_layers, target_embeddings},
+};
+use verdict_cli::{
+    bench::{self, BenchOptions, Mode},
     subset::Subset,
     tasks::{gsm8k, TaskAdapter},
 };

@@ -7,6 +7,8 @@ use clap::{Args, Parser, Subcommand};
 use verdict::{
     config::Config,
     engine::LoadedModels,
+};
+use verdict_cli::{
     tasks::{gsm8k, TaskAdapter},
 };
 use verdict_heads::FeatureSpec;
@@ -135,7 +137,7 @@ fn run_eagle(args: &EagleArgs) -> Result<()> {
     let config = Config::load(&args.task.config)?;
     let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
     let plan = EaglePlan {
-        data_dir: verdict::datasets::gsm8k_dir(args.task.data_dir.clone(), &cache),
+        data_dir: verdict_cli::datasets::gsm8k_dir(args.task.data_dir.clone(), &cache),
         split: args.task.split.clone(),
         first: args.first,
         problems: args.problems,
@@ -315,7 +317,7 @@ impl TaskArgs {
     fn problems(&self) -> Result<Vec<gsm8k::Problem>> {
         let config = Config::load(&self.config)?;
         let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
-        gsm8k::load(&verdict::datasets::gsm8k_dir(self.data_dir.clone(), &cache), &self.split)
+        gsm8k::load(&verdict_cli::datasets::gsm8k_dir(self.data_dir.clone(), &cache), &self.split)
     }
 
     fn engines(&self) -> Result<MistralEngines> {

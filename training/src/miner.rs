@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
-use verdict::tasks::TaskAdapter;
+use verdict_cli::tasks::TaskAdapter;
 
 use crate::labels::{Mismatch, ProblemLabels};
 

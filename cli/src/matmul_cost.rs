@@ -17,7 +17,7 @@ use candle_core::{
 };
 use serde::Serialize;
 
-use crate::kernels::QuantKernel;
+use verdict::kernels::QuantKernel;
 
 #[derive(Debug, Serialize)]
 pub struct MatmulCost {

@@ -7,10 +7,10 @@ use axum::{http::header::CONTENT_TYPE, routing::get, Router};
 use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
 use tokio::net::TcpListener;
 
-use crate::{
+use crate::openai_conventions;
+use verdict::{
     engine::{Engine, MODEL_ID},
     metrics::Metrics,
-    openai_conventions,
 };
 
 /// The OpenAI routes of mistral.rs for `engine`, held to OpenAI's conventions (requests

@@ -7,9 +7,11 @@ mod common;
 
 use common::{config, spec, tiny_pair};
 use verdict::{
+    tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID},
+};
+use verdict_cli::{
     bench::{self, BenchOptions, Mode},
     subset::Subset,
-    tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID},
 };
 
 #[test]

@@ -12,9 +12,9 @@ use verdict::{
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
-    server,
     tiny_model::{words, TinyArch},
 };
+use verdict_cli::server;
 
 fn chat_body(prompt: &str, stream: bool) -> Value {
     json!({

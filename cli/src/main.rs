@@ -5,15 +5,17 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use verdict::{
-    bench::{self, BenchOptions, Mode},
     config::{Config, ProposerKind},
-    datasets,
     engine::{generate, Engine, LoadedModels, Prompt},
-    forward_cost,
     kernels::QuantKernel,
-    matmul_cost,
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
+};
+use verdict_cli::{
+    bench::{self, BenchOptions, Mode},
+    datasets,
+    forward_cost,
+    matmul_cost,
     server,
     subset::Subset,
 };
@@ -259,7 +261,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Plot { report, out, title } => {
-            for written in verdict::plot::tradeoff(&report, &out, &title)? {
+            for written in verdict_cli::plot::tradeoff(&report, &out, &title)? {
                 eprintln!("figure written to {}", written.display());
             }
             Ok(())
@@ -296,7 +298,7 @@ fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, 
         .eagle_head()
         .context("head-cost times the head in speculative.eagle_head; the config has none")?;
     let gamma = config.speculative.gamma;
-    let costs = verdict::head_cost::measure(&head, formats, context, gamma, repeats)?;
+    let costs = verdict_cli::head_cost::measure(&head, formats, context, gamma, repeats)?;
     println!(
         "EAGLE head {}, {context} positions cached, γ {gamma}, median of {repeats}\n\n| weights | MB | draft ms / token | × {} | observe {} positions, ms |\n|---|---|---|---|---|",
         head.display(),
@@ -417,7 +419,7 @@ fn fetch_models(
         let model = models::known_model(&name).with_context(|| {
             format!("unknown model {name:?}; `verdict fetch-models --list` shows the known ones")
         })?;
-        let path = models::fetch(model, &cache)?;
+        let path = verdict_cli::model_fetch::fetch(model, &cache)?;
         println!("{name}: {}", path.display());
     }
     Ok(())

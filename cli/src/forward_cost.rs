@@ -9,7 +9,7 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::{
+use verdict::{
     config::{Config, SamplingConfig},
     engine::{generate, Engine, LoadedModels, Prompt},
     judge::JudgeStack,

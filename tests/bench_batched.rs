@@ -6,10 +6,10 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{config, spec, tiny_pair};
-use verdict::{
+use verdict::tiny_model::TinyArch;
+use verdict_cli::{
     bench::{self, BenchOptions, Mode},
     subset::Subset,
-    tiny_model::TinyArch,
 };
 
 fn run(dir: &std::path::Path, batch: usize, out: &str) -> BTreeMap<usize, (String, usize)> {

@@ -19,13 +19,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    paired::{paired_stats, Pair, PairedStats},
+    subset::Subset,
+    tasks::{gsm8k, TaskAdapter},
+};
+use verdict::{
     config::{Config, EagleDrafting, EAGLE_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
-    paired::{paired_stats, Pair, PairedStats},
-    subset::Subset,
-    tasks::{gsm8k, TaskAdapter},
 };
 
 /// One way of decoding compared by the bench: `plain` (the target alone), or the name of
@@ -514,7 +516,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "target": config.models.target,
         "draft": config.models.draft,
         // The CPU quantized matmul the runs used (patched candle-core).
-        "quant_kernel": crate::kernels::QuantKernel::selected(),
+        "quant_kernel": verdict::kernels::QuantKernel::selected(),
         // Each engine's prefix cache bound (null: none, every prompt computed in full).
         "prefix_cache_mb": prefix_cache_bytes.map(|b| b >> 20),
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},

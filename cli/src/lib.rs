@@ -1,0 +1,19 @@
+//! The `verdict` command's parts: the OpenAI-compatible server, the benchmark and its paired
+//! statistics, plots, forward and matmul cost probes, fetching models and datasets, and the
+//! task adapters (GSM8K) that benchmarks and `train-head` share. A deployment that embeds the
+//! `verdict` library compiles none of this.
+
+pub mod bench;
+pub mod datasets;
+pub mod forward_cost;
+pub mod head_cost;
+pub mod jsonl;
+pub mod matmul_cost;
+pub mod model_fetch;
+pub mod openai_conventions;
+pub mod paired;
+pub mod plot;
+pub mod server;
+pub mod subset;
+pub mod tasks;
+pub mod wheels;
