@@ -5,6 +5,9 @@
 //! every batch item, so each decode step gave every sequence the last sequence's attention:
 //! concurrent requests of equal prompt length came back as copies of one answer after their
 //! first token (patch 0009).
+//!
+//! Sequences of different lengths decode in one batch too (patch 0016): each row appends at
+//! its own KV length and attends to its own keys only.
 
 mod common;
 
@@ -18,17 +21,13 @@ use verdict::{
 
 const MAX_TOKENS: usize = 24;
 
-fn batched_equals_alone(arch: TinyArch) {
+fn batched_equals_alone(arch: TinyArch, prompt_ids: &[&[usize]]) {
     let dir = tempfile::tempdir().unwrap();
     tiny_pair(dir.path(), &spec(arch, 23), 0.2);
     let mut config = config(dir.path(), 3, "exact", MAX_TOKENS);
     config.speculative.enabled = false;
     let models = LoadedModels::load(&config).unwrap();
-    // Equal token counts, so the scheduler batches them (the CPU batches equal lengths only).
-    let prompts: Vec<String> = [[1, 2, 3, 4], [9, 30, 7, 5], [22, 6, 14, 40]]
-        .iter()
-        .map(|ids| words(ids))
-        .collect();
+    let prompts: Vec<String> = prompt_ids.iter().map(|ids| words(ids)).collect();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let engine = Engine::plain(&models, prompts.len()).await;
@@ -57,12 +56,37 @@ fn batched_equals_alone(arch: TinyArch) {
     });
 }
 
+/// Equal token counts: upstream's scheduler batched only these.
+const EQUAL_LENGTHS: &[&[usize]] = &[&[1, 2, 3, 4], &[9, 30, 7, 5], &[22, 6, 14, 40]];
+
+/// 2, 5 and 9 prompt tokens: the rows of one decode batch hold different KV lengths.
+const DIFFERENT_LENGTHS: &[&[usize]] = &[&[1, 2], &[9, 30, 7, 5, 3], &[22, 6, 14, 40, 8, 11, 2, 19, 33]];
+
 #[test]
 fn qwen2_batched_greedy_equals_alone() {
-    batched_equals_alone(TinyArch::Qwen2);
+    batched_equals_alone(TinyArch::Qwen2, EQUAL_LENGTHS);
 }
 
 #[test]
 fn llama_batched_greedy_equals_alone() {
-    batched_equals_alone(TinyArch::Llama);
+    batched_equals_alone(TinyArch::Llama, EQUAL_LENGTHS);
+}
+
+fn different_lengths_batched_equal_alone(arch: TinyArch) {
+    let formed = mistralrs_core::ragged_batches_formed();
+    batched_equals_alone(arch, DIFFERENT_LENGTHS);
+    assert!(
+        mistralrs_core::ragged_batches_formed() > formed,
+        "the requests of different lengths never decoded in one batch"
+    );
+}
+
+#[test]
+fn qwen2_different_lengths_batched_greedy_equals_alone() {
+    different_lengths_batched_equal_alone(TinyArch::Qwen2);
+}
+
+#[test]
+fn llama_different_lengths_batched_greedy_equals_alone() {
+    different_lengths_batched_equal_alone(TinyArch::Llama);
 }

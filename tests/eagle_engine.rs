@@ -199,7 +199,7 @@ fn prefix_cache_hits_restore_the_heads_rows_and_stay_under_the_bound() {
     assert_eq!(mistralrs_core::cpu_prefix_cache_bytes(), 0, "engines without a prefix cache keep nothing");
 
     let proposer = models.eagle_proposer(&config).unwrap();
-    let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20) };
+    let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20), ragged_batches: true };
     let (texts, steps, held, restored) = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let engine = Engine::with_proposer(
             &models,

@@ -156,7 +156,7 @@ fn greedy_speculative_output_after_prefix_cache_hits_is_plain_output() {
         .iter()
         .map(|tail| words(&prefix.iter().chain(tail).copied().collect::<Vec<_>>()))
         .collect();
-    let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20) };
+    let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20), ragged_batches: true };
     let (plain, speculative) = decode_all_with(dir.path(), &prompts, MAX_TOKENS, scheduling);
     for (base, texts, steps) in speculative {
         // After a hit the draft model reads the whole prompt; the target only what follows

@@ -350,6 +350,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let scheduling = |max_seqs| Scheduling {
         max_seqs,
         prefix_cache_bytes,
+        ragged_batches: config.server.ragged_batches,
     };
     // One engine per speculative mode, so that each mode's prefix cache holds only its own
     // earlier requests, as plain decoding's does: modes sharing an engine would find each

@@ -215,6 +215,10 @@ pub struct ServerConfig {
     /// MiB of finished requests' KV caches kept for later requests that share their prefix
     /// (0: no prefix cache).
     pub prefix_cache_mb: usize,
+    /// Decode sequences of different lengths in one batch, each with its own KV length.
+    /// Off: only sequences of one length decode together (mistral.rs upstream), so
+    /// concurrent requests take turns; turn it off for a model with sliding-window KV caches.
+    pub ragged_batches: bool,
 }
 
 impl Default for ServerConfig {
@@ -224,6 +228,7 @@ impl Default for ServerConfig {
             port: 8080,
             max_seqs: 4,
             prefix_cache_mb: 1024,
+            ragged_batches: true,
         }
     }
 }

@@ -245,14 +245,18 @@ pub struct Scheduling {
     /// (a system prompt, few-shot examples), least recently used evicted first; `None`: no
     /// prefix cache. One bound for every engine of the process, each held to it.
     pub prefix_cache_bytes: Option<usize>,
+    /// Sequences of different lengths decode in one batch (`server.ragged_batches`). One
+    /// switch for the whole process: the last engine built sets it.
+    pub ragged_batches: bool,
 }
 
 impl From<usize> for Scheduling {
-    /// `max_seqs` sequences at once, no prefix cache.
+    /// `max_seqs` sequences at once of any lengths, no prefix cache.
     fn from(max_seqs: usize) -> Self {
         Self {
             max_seqs,
             prefix_cache_bytes: None,
+            ragged_batches: true,
         }
     }
 }
@@ -262,6 +266,7 @@ impl From<&ServerConfig> for Scheduling {
         Self {
             max_seqs: server.max_seqs,
             prefix_cache_bytes: server.prefix_cache_bytes(),
+            ragged_batches: server.ragged_batches,
         }
     }
 }
@@ -272,6 +277,7 @@ async fn build_mistralrs(pipeline: Arc<Mutex<dyn Pipeline>>, scheduling: Schedul
     if let Some(bytes) = scheduling.prefix_cache_bytes {
         mistralrs_core::set_cpu_prefix_cache_limit(Some(bytes));
     }
+    mistralrs_core::set_ragged_decode_batches(scheduling.ragged_batches);
     build_mistralrs_with(pipeline, scheduling.max_seqs, scheduling.prefix_cache_bytes.is_some_and(|b| b > 0)).await
 }
 
