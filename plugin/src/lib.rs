@@ -20,6 +20,7 @@ pub mod models;
 pub mod proposers;
 pub mod rules;
 pub mod step_view;
+pub mod sv;
 pub mod tiny_model;
 
 pub use accept::VerdictRule;

@@ -1,0 +1,14 @@
+//! Speculative Verification (SV): a companion model predicts which drafts the target will
+//! keep, and each step sends the target only as many drafts as maximise kept tokens per
+//! unit of verification time. Drafting is unchanged; only verification is cut.
+//!
+//! The pieces, each pure and tested on hand values: the indicators S and A a companion gives
+//! for each draft ([`indicators`]), the table that turns them into the target's acceptance
+//! probability β, fitted on profiling runs ([`table`]), the verify forward's cost T_v(n)
+//! measured on this machine ([`latency`]), and the goodput-greedy choice of how many drafts
+//! each sequence verifies, alone or in a batch ([`schedule`]).
+
+pub mod indicators;
+pub mod latency;
+pub mod schedule;
+pub mod table;
