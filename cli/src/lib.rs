@@ -13,6 +13,7 @@ pub mod model_fetch;
 pub mod openai_conventions;
 pub mod paired;
 pub mod plot;
+pub mod plot_load;
 pub mod server;
 pub mod subset;
 pub mod tasks;

@@ -168,13 +168,15 @@ enum Command {
     /// The trade-off figure of a bench report: each mode's accuracy difference from plain
     /// decoding (95% interval) against its speed ratio and against τ; writes OUT.svg and OUT.png.
     Plot {
-        /// A `verdict bench` JSON report.
+        /// A `verdict bench` JSON report (accuracy cost against speed), or a load report of
+        /// scripts/load_test.py (throughput against concurrency).
         report: PathBuf,
         /// Output path without extension (OUT.svg and OUT.png are written).
         #[arg(long, short)]
         out: PathBuf,
-        #[arg(long, default_value = "GSM8K: accuracy cost against speed")]
-        title: String,
+        /// The figure's title (default: by the report's kind).
+        #[arg(long)]
+        title: Option<String>,
     },
 }
 
@@ -261,7 +263,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Plot { report, out, title } => {
-            for written in verdict_cli::plot::tradeoff(&report, &out, &title)? {
+            for written in verdict_cli::plot::figure(&report, &out, title.as_deref())? {
                 eprintln!("figure written to {}", written.display());
             }
             Ok(())

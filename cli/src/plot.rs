@@ -54,20 +54,34 @@ fn points(report: &Report) -> Vec<Point> {
         .collect()
 }
 
-/// Write `<out>.svg` and `<out>.png`; returns their paths.
-pub fn tradeoff(report: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
+/// The figure of a report: a bench report's trade-off, or a load report's throughput
+/// against concurrency (`scripts/load_test.py`). Writes `<out>.svg` and `<out>.png`.
+pub fn figure(report: &Path, out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(report)
-        .with_context(|| format!("cannot read bench report {}", report.display()))?;
-    let report: Report = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a verdict bench report", report.display()))?;
-    let points = points(&report);
+        .with_context(|| format!("cannot read report {}", report.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", report.display()))?;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if value.get("summary").is_some() {
+        let report: Report = serde_json::from_value(value)
+            .with_context(|| format!("{} is not a verdict bench report", report.display()))?;
+        return tradeoff(&report, out, title.unwrap_or("GSM8K: accuracy cost against speed"));
+    }
+    let load: crate::plot_load::LoadReport = serde_json::from_value(value).with_context(|| {
+        format!("{} is neither a verdict bench report nor a load report", report.display())
+    })?;
+    crate::plot_load::throughput(&load, out, title.unwrap_or("Throughput against concurrency"))
+}
+
+/// Write `<out>.svg` and `<out>.png`; returns their paths.
+fn tradeoff(report: &Report, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
+    let points = points(report);
     if points.is_empty() {
         bail!("the report has no speculative mode paired with plain decoding: run the bench with `plain` among --modes");
     }
     register_font()?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
     let caption = format!("{title} ({} problems)", report.problems);
     let size = (1100, 480);
     let svg = out.with_extension("svg");
@@ -157,7 +171,7 @@ where
 }
 
 /// Text in the PNG needs a TrueType font: `$VERDICT_FONT`, else a common system sans font.
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     static REGISTERED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     if REGISTERED.get().is_some() {
         return Ok(());

@@ -36,7 +36,7 @@ pub enum Search {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct GoodputOptions {
-    /// Count the token every verify yields (the correction or bonus) as gained: E[N] + 1.
+    /// Count the token every verify yields (the correction or bonus) as gained: `E[N] + 1`.
     pub count_bonus: bool,
     /// Milliseconds a step costs besides its verify (drafting, the companion).
     pub fixed_ms: f64,
