@@ -5,7 +5,11 @@
 
 mod common;
 
-use std::{collections::HashMap, path::Path, sync::Arc};
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::Path,
+    sync::Arc,
+};
 
 use common::{
     prompts,
@@ -100,6 +104,22 @@ fn outcomes(steps: &[StepReport]) -> (usize, usize) {
     (partial.len(), full.len())
 }
 
+/// A random EAGLE-3 head whose draft vocabulary is the 4 tokens the target writes most in
+/// `plain`, so that its drafts are sometimes right.
+fn write_frequent_tokens_head(s: &verdict::tiny_model::TinySpec, dir: &Path, plain: &[common::scripted::PlainRun]) {
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for run in plain {
+        for &id in &run.ids {
+            *counts.entry(id).or_default() += 1;
+        }
+    }
+    let mut by_count: Vec<(u32, usize)> = counts.into_iter().collect();
+    by_count.sort_by_key(|&(id, n)| (std::cmp::Reverse(n), id));
+    let mut draft_vocab: Vec<u32> = by_count.iter().take(4).map(|&(id, _)| id).collect();
+    draft_vocab.sort();
+    write_tiny_eagle3_head(s, dir, &draft_vocab, [1, 2, 2], 7).unwrap();
+}
+
 #[test]
 fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
     let dir = tempfile::tempdir().unwrap();
@@ -110,19 +130,7 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
     assert!(models.draft.is_none(), "an EAGLE head needs no draft model");
     let prompts = many_prompts();
     let plain = plain_runs(&models, &config, &prompts);
-    // The draft vocabulary: the 4 tokens the target writes most, so that a random head's
-    // drafts are sometimes right.
-    let mut counts: HashMap<u32, usize> = HashMap::new();
-    for run in &plain {
-        for &id in &run.ids {
-            *counts.entry(id).or_default() += 1;
-        }
-    }
-    let mut by_count: Vec<(u32, usize)> = counts.into_iter().collect();
-    by_count.sort_by_key(|&(id, n)| (std::cmp::Reverse(n), id));
-    let mut draft_vocab: Vec<u32> = by_count.iter().take(4).map(|&(id, _)| id).collect();
-    draft_vocab.sort();
-    write_tiny_eagle3_head(&s, &dir.path().join("head"), &draft_vocab, [1, 2, 2], 7).unwrap();
+    write_frequent_tokens_head(&s, &dir.path().join("head"), &plain);
     let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
 
     // γ = 1 keeps or refuses the one draft (a random head rarely gets two right in a row);
@@ -173,6 +181,90 @@ fn greedy_lossless_with_a_random_eagle_head_is_plain_decoding() {
     // The tiny head's rows (32 wide) are not whole 256-value blocks of Q4_K.
     let err = format!("{:#}", models.eagle_proposer(&eagle_config_with(dir.path(), 3, "q4k")).err().unwrap());
     assert!(err.contains("eagle_weights = \"q4k\"") && err.contains("256"), "{err}");
+}
+
+/// Greedy answers of `prompts` sent at once to an EAGLE engine that runs up to 4 sequences
+/// together, with the rule's step reports.
+fn concurrent_texts(
+    models: &LoadedModels,
+    config: &Config,
+    proposer: Arc<dyn Proposer>,
+    prompts: &[String],
+) -> (Vec<String>, Vec<StepReport>) {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let engine = Engine::with_proposer(
+            models,
+            proposer,
+            config.speculative.gamma,
+            JudgeStack::lossless(BaseRule::Exact),
+            0,
+            Arc::new(Metrics::default()),
+            4,
+        )
+        .await
+        .unwrap();
+        let rule = engine.rule.clone().unwrap();
+        rule.record_steps();
+        let mut set = tokio::task::JoinSet::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let (mistralrs, prompt, sampling) =
+                (engine.mistralrs.clone(), Prompt::Text(p.clone()), config.sampling.clone());
+            set.spawn(async move { (i, generate(&mistralrs, &prompt, &sampling).await.unwrap().text) });
+        }
+        let mut texts = vec![String::new(); prompts.len()];
+        while let Some(joined) = set.join_next().await {
+            let (i, text) = joined.unwrap();
+            texts[i] = text;
+        }
+        rule.settle().await;
+        (texts, rule.recorded_steps())
+    })
+}
+
+/// Sequences decoded together by an EAGLE engine are verified in one target forward per
+/// step (mistral.rs patch 0018): rows of different KV lengths, each with its own number of
+/// drafts (a confidence cut drafts 1 to γ; skipped first drafts give none), each judged
+/// and cut back on its own. Every answer equals the plain target's, and after every step
+/// each sequence's target row and head cache hold its committed tokens but the newest.
+#[test]
+fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
+    for arch in [TinyArch::Qwen2, TinyArch::Llama] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(arch, 11);
+        write_tiny_model(&s, &dir.path().join("target")).unwrap();
+        let config = eagle_config(dir.path(), 3);
+        let models = LoadedModels::load(&config).unwrap();
+        // 2 to 9 prompt tokens: the rows start at different KV lengths (Llama answers the
+        // last in one token).
+        let prompts: Vec<String> = [&[9, 30, 7, 5, 3][..], &[22, 6, 14, 40, 8, 11, 2, 19, 33], &[4, 17, 50], &[1, 2]]
+            .iter()
+            .map(|ids| words(ids))
+            .collect();
+        let plain = plain_runs(&models, &config, &prompts);
+        write_frequent_tokens_head(&s, &dir.path().join("head"), &plain);
+        let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
+        for (min_confidence, min_first_confidence) in [(0.4, 0.0), (0.0, 0.5)] {
+            let mut config = eagle_config(dir.path(), 3);
+            config.speculative.eagle_min_confidence = min_confidence;
+            config.speculative.eagle_min_first_confidence = min_first_confidence;
+            let proposer = models.eagle_proposer(&config).unwrap();
+            let mut drafted = BTreeSet::new();
+            for batch in 1..=prompts.len() {
+                let verified = mistralrs_core::batched_speculative_verifies();
+                let (texts, steps) = concurrent_texts(&models, &config, proposer.clone(), &prompts[..batch]);
+                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence}");
+                assert_eq!(texts, plain[..batch], "{what}: batched EAGLE decoding differs from plain decoding");
+                assert_cache_lengths(BaseRule::Exact, &steps);
+                assert_eq!(proposer.live_sequences(), 0, "{what}: finished sequences left drafting state behind");
+                let batched = mistralrs_core::batched_speculative_verifies() - verified;
+                if batch > 1 {
+                    assert!(batched > 0, "{what}: no step verified several sequences at once");
+                }
+                drafted.extend(steps.iter().filter(|s| !s.finished).map(|s| s.drafted));
+            }
+            assert!(drafted.len() > 1, "{arch:?}: every step drafted {drafted:?} tokens");
+        }
+    }
 }
 
 /// Prompts that share a long prefix (a system prompt, few-shot examples) and differ after it.
