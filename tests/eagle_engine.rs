@@ -33,12 +33,15 @@ fn eagle_config(dir: &Path, gamma: usize) -> Config {
 }
 
 fn eagle_config_with(dir: &Path, gamma: usize, weights: &str) -> Config {
-    Config::from_toml(&format!(
+    Config::from_toml(&eagle_toml(dir, gamma, weights)).unwrap()
+}
+
+fn eagle_toml(dir: &Path, gamma: usize, weights: &str) -> String {
+    format!(
         "[models]\ntarget = {:?}\n[speculative]\nproposer = \"eagle\"\neagle_head = {:?}\neagle_weights = {weights:?}\ngamma = {gamma}\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n",
         dir.join("target").to_str().unwrap(),
         dir.join("head").to_str().unwrap(),
-    ))
-    .unwrap()
+    )
 }
 
 fn many_prompts() -> Vec<String> {
@@ -243,8 +246,11 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
         let plain = plain_runs(&models, &config, &prompts);
         write_frequent_tokens_head(&s, &dir.path().join("head"), &plain);
         let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
-        for (min_confidence, min_first_confidence) in [(0.4, 0.0), (0.0, 0.5)] {
-            let mut config = eagle_config(dir.path(), 3);
+        // SV's schedule with a verify row as dear as a whole forward: no draft pays for its
+        // row, so batched steps verify none (one sequence alone still verifies all).
+        let sv = "[sv]\nenabled = true\nverify_ms = [[1, 10.0], [2, 20.0]]\n";
+        for (min_confidence, min_first_confidence, sv) in [(0.4, 0.0, ""), (0.0, 0.5, ""), (0.0, 0.0, sv)] {
+            let mut config = Config::from_toml(&format!("{}{sv}", eagle_toml(dir.path(), 3, "f32"))).unwrap();
             config.speculative.eagle_min_confidence = min_confidence;
             config.speculative.eagle_min_first_confidence = min_first_confidence;
             let proposer = models.eagle_proposer(&config).unwrap();
@@ -252,7 +258,11 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
             for batch in 1..=prompts.len() {
                 let verified = mistralrs_core::batched_speculative_verifies();
                 let (texts, steps) = concurrent_texts(&models, &config, proposer.clone(), &prompts[..batch]);
-                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence}");
+                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv}");
+                if !sv.is_empty() && batch > 1 {
+                    let undrafted = steps.iter().filter(|s| s.drafted == 0).count();
+                    assert!(undrafted > 2 * batch, "{what}: {undrafted} steps verified no draft");
+                }
                 assert_eq!(texts, plain[..batch], "{what}: batched EAGLE decoding differs from plain decoding");
                 assert_cache_lengths(BaseRule::Exact, &steps);
                 assert_eq!(proposer.live_sequences(), 0, "{what}: finished sequences left drafting state behind");

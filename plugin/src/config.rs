@@ -1,4 +1,4 @@
-//! The TOML configuration: models, speculative decoding, sampling, server, judges.
+//! The TOML configuration: models, speculative decoding, sampling, server, SV, judges.
 //!
 //! Unknown keys are errors (mistral.rs silently ignores them; a typo in a verifier's
 //! threshold must not silently run the default).
@@ -16,6 +16,11 @@ use crate::{
     judge::JudgeStack,
     judges::{build_stack, parse_stack, LoadedFingerprints},
     rules::BaseRule,
+    sv::{
+        latency::VerifyLatency,
+        schedule::{GoodputOptions, Search},
+        verify_budget::VerifyBudget,
+    },
 };
 
 #[derive(Clone, Debug, Deserialize)]
@@ -28,6 +33,8 @@ pub struct Config {
     pub sampling: SamplingConfig,
     #[serde(default)]
     pub server: ServerConfig,
+    #[serde(default)]
+    pub sv: SvConfig,
     /// `[[judge]]` tables, applied in this order: the stack `serve` and `generate` run.
     #[serde(default, rename = "judge")]
     pub judges: Vec<JudgeConfig>,
@@ -168,6 +175,57 @@ impl Default for SpeculativeConfig {
             eagle_min_confidence: 0.0,
             eagle_min_first_confidence: 0.0,
         }
+    }
+}
+
+/// `[sv]`: Speculative Verification's schedule in batched steps. Each step of several
+/// sequences sends the target only the drafts whose expected kept tokens pay for their
+/// verify rows, judged by the EAGLE head's own confidence (the head is its own companion).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SvConfig {
+    pub enabled: bool,
+    /// T_v: `[rows, milliseconds]` of the target's verify forward on this machine, as
+    /// `verdict forward-cost --tokens 1,5,8,16,24,32` measures it.
+    pub verify_ms: Vec<(usize, f64)>,
+    /// Milliseconds a step costs besides its verify (drafting), added to every T_v.
+    pub fixed_ms: f64,
+    /// Count the token every verify yields besides the kept drafts in goodput (the knob
+    /// `count_bonus_token` of the SV spec; default true here).
+    #[serde(default = "yes")]
+    pub count_bonus: bool,
+    /// Drafts every sequence verifies at least, where it has them.
+    pub min_gamma: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl SvConfig {
+    /// The budget the EAGLE proposer applies; `None` when `[sv]` is off.
+    pub fn verify_budget(&self) -> Result<Option<VerifyBudget>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
+            bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
+        }
+        let latency = VerifyLatency::fit(&self.verify_ms).with_context(|| {
+            format!(
+                "sv.verify_ms = {:?}: give [rows, milliseconds] pairs of the verify forward, e.g. from `verdict forward-cost`",
+                self.verify_ms
+            )
+        })?;
+        Ok(Some(VerifyBudget {
+            latency,
+            options: GoodputOptions {
+                count_bonus: self.count_bonus,
+                fixed_ms: self.fixed_ms,
+                min_gamma: self.min_gamma,
+                search: Search::EarlyStop,
+            },
+        }))
     }
 }
 
@@ -389,6 +447,10 @@ impl Config {
             ),
             _ => {}
         }
+        if self.sv.enabled && s.proposer != ProposerKind::Eagle {
+            bail!("sv.enabled = true needs speculative.proposer = \"eagle\": the head's confidences price the drafts");
+        }
+        self.sv.verify_budget()?;
         let t = &self.sampling;
         if !(t.temperature >= 0.0 && t.temperature.is_finite()) {
             bail!(
@@ -457,6 +519,24 @@ mod tests {
     fn unknown_section_is_named() {
         let err = error_of(&format!("{MINIMAL}[speculation]\ngamma = 3\n"));
         assert!(err.contains("unknown field `speculation`"), "{err}");
+    }
+
+    #[test]
+    fn sv_needs_eagle_drafts_and_a_verify_profile() {
+        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
+        assert!(Config::from_toml(eagle).unwrap().sv.verify_budget().unwrap().is_none(), "[sv] is off by default");
+        let err = error_of(&format!("{MINIMAL}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\n"));
+        assert!(err.contains("sv.enabled") && err.contains("proposer = \"eagle\""), "{err}");
+        let err = error_of(&format!("{eagle}[sv]\nenabled = true\n"));
+        assert!(err.contains("sv.verify_ms = []"), "{err}");
+        let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[0, 50.0]]\n"));
+        assert!(err.contains("sv.verify_ms") && err.contains("0 rows"), "{err}");
+        let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\nfixed_ms = -1\n"));
+        assert!(err.contains("sv.fixed_ms") && err.contains("-1"), "{err}");
+        let config = Config::from_toml(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0], [9, 60.0]]\n")).unwrap();
+        let budget = config.sv.verify_budget().unwrap().unwrap();
+        assert!(budget.options.count_bonus && budget.options.min_gamma == 0);
+        assert_eq!(budget.latency.at(5), 55.0);
     }
 
     #[test]

@@ -194,7 +194,8 @@ impl LoadedModels {
             proposer
                 .with_min_confidence(drafting.min_confidence)?
                 .with_min_first_confidence(drafting.min_first_confidence)?
-                .with_prefix_cache_bytes(head_rows_kept),
+                .with_prefix_cache_bytes(head_rows_kept)
+                .with_verify_budget(config.sv.verify_budget()?),
         ))
     }
 

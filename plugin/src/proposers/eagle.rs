@@ -33,6 +33,8 @@ impl TokenEmbeddings for DenseEmbeddings {
 pub struct Drafts {
     pub tokens: Vec<u32>,
     pub logits: Tensor,
+    /// The probability the head gave its best token at each draft, before drawing it.
+    pub confidences: Vec<f32>,
 }
 
 /// One sequence's drafting state.
@@ -136,14 +138,17 @@ impl SequenceDrafter {
         let (mut hidden, mut logits) = self.committed_row()?.clone();
         let mut tokens = Vec::with_capacity(gamma);
         let mut rows = Vec::with_capacity(gamma);
+        let mut confidences = Vec::with_capacity(gamma);
         for step in 0..gamma {
-            if step > 0 && min_confidence > 0.0 && best_probability(&logits)? < min_confidence {
+            let confidence = best_probability(&logits)?;
+            if step > 0 && min_confidence > 0.0 && confidence < min_confidence {
                 break;
             }
             let row = self.full_vocab_row(head, &logits, vocab_size)?;
             let token = sample(&row.squeeze(0)?)?;
             rows.push(row);
             tokens.push(token);
+            confidences.push(confidence);
             if step + 1 == gamma {
                 break;
             }
@@ -155,6 +160,7 @@ impl SequenceDrafter {
         Ok(Drafts {
             tokens,
             logits: Tensor::cat(&rows, 0)?,
+            confidences,
         })
     }
 

@@ -20,7 +20,7 @@ use super::{
     eagle::{SequenceDrafter, TokenEmbeddings},
     head_prefix_cache::HeadPrefixCache,
 };
-use crate::models::ModelSource;
+use crate::{models::ModelSource, sv::verify_budget::VerifyBudget};
 
 pub struct EagleProposer {
     head: Arc<Eagle3Head>,
@@ -39,6 +39,8 @@ pub struct EagleProposer {
     prefix_cache: Mutex<HeadPrefixCache>,
     /// Head cache rows taken from `prefix_cache` so far.
     restored_rows: AtomicUsize,
+    /// How many drafts of each sequence a batched verify takes (`[sv]`); `None`: all.
+    verify_budget: Option<VerifyBudget>,
 }
 
 /// Bytes of finished sequences' head caches kept by default: a position costs the head
@@ -49,6 +51,8 @@ struct LiveSequence {
     drafter: SequenceDrafter,
     /// The sequence's tokens through the last committed position (the prefix cache's key).
     tokens: Vec<u32>,
+    /// The head's confidence in each draft of the sequence's last proposal.
+    confidences: Vec<f32>,
 }
 
 impl EagleProposer {
@@ -75,7 +79,15 @@ impl EagleProposer {
             sequences: Mutex::new(HashMap::new()),
             prefix_cache: Mutex::new(HeadPrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES)),
             restored_rows: AtomicUsize::new(0),
+            verify_budget: None,
         })
+    }
+
+    /// Let a batched verify take only the drafts worth their rows under load (SV's schedule
+    /// with the head's confidences as β); without it every draft is verified.
+    pub fn with_verify_budget(mut self, budget: Option<VerifyBudget>) -> Self {
+        self.verify_budget = budget;
+        self
     }
 
     /// Keep at most `bytes` of finished sequences' head caches (0: keep none).
@@ -196,7 +208,7 @@ impl Proposer for EagleProposer {
             std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 let drafter = self.start_sequence(features).map_err(to_candle)?;
-                slot.insert(LiveSequence { drafter, tokens: Vec::new() })
+                slot.insert(LiveSequence { drafter, tokens: Vec::new(), confidences: Vec::new() })
             }
         };
         live.drafter
@@ -227,6 +239,7 @@ impl Proposer for EagleProposer {
         if self.min_first_confidence > 0.0
             && live.drafter.first_draft_confidence().map_err(to_candle)? < self.min_first_confidence
         {
+            live.confidences.clear();
             return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
         }
         let drafts = live
@@ -235,7 +248,25 @@ impl Proposer for EagleProposer {
                 Ok(sample(row)?)
             })
             .map_err(to_candle)?;
+        live.confidences = drafts.confidences;
         Ok((drafts.tokens, drafts.logits))
+    }
+
+    fn verify_lengths(&self, seq_ids: &[usize], drafted: &[usize]) -> Vec<usize> {
+        let Some(budget) = &self.verify_budget else {
+            return drafted.to_vec();
+        };
+        let sequences = self.sequences();
+        let confidences: Vec<Vec<f32>> = seq_ids
+            .iter()
+            .zip(drafted)
+            .map(|(id, &n)| {
+                let known = sequences.get(id).map_or(&[][..], |live| &live.confidences[..]);
+                // A draft the head gave no confidence for is not worth a row.
+                (0..n).map(|i| known.get(i).copied().unwrap_or(0.0)).collect()
+            })
+            .collect();
+        budget.lengths(&confidences)
     }
 
     fn release(&self, seq_id: usize) {

@@ -41,6 +41,10 @@ impl Proposer for TimedProposer {
         self.inner.propose(seq_id, gamma, sample)
     }
 
+    fn verify_lengths(&self, seq_ids: &[usize], drafted: &[usize]) -> Vec<usize> {
+        self.inner.verify_lengths(seq_ids, drafted)
+    }
+
     fn release(&self, seq_id: usize) {
         self.inner.release(seq_id)
     }

@@ -6,9 +6,11 @@
 //! for each draft ([`indicators`]), the table that turns them into the target's acceptance
 //! probability β, fitted on profiling runs ([`table`]), the verify forward's cost T_v(n)
 //! measured on this machine ([`latency`]), and the goodput-greedy choice of how many drafts
-//! each sequence verifies, alone or in a batch ([`schedule`]).
+//! each sequence verifies, alone or in a batch ([`schedule`]); [`verify_budget`] runs that choice
+//! in the engine with the EAGLE head's own confidence as β.
 
 pub mod indicators;
 pub mod latency;
 pub mod schedule;
 pub mod table;
+pub mod verify_budget;

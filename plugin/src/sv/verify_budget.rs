@@ -1,0 +1,94 @@
+//! How many drafts each sequence of a decode batch sends to the target, from the drafter's
+//! own confidence: SV's goodput-greedy schedule (spec §4) with the EAGLE head as its own
+//! companion. Here a verify row is nearly free for one sequence and costs about as much as
+//! a decoded token's share once 8 sequences are verified together (T_v is flat, then
+//! linear), so the drafts worth verifying shrink as the batch grows.
+//!
+//! β of draft i is the head's probability of its best token at i, known before the draft
+//! is drawn: for greedy decoding that is the probability it gives the drafted token, and
+//! whether a draft is verified never depends on the draft itself, so sampling stays exact
+//! (`Exactness::Exact`'s argument). It is the head's own estimate, not a fitted table: a
+//! head trained by cross-entropy on the target's tokens is roughly calibrated to it.
+
+use super::{
+    latency::VerifyLatency,
+    schedule::{schedule_batch, GoodputOptions},
+};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyBudget {
+    pub latency: VerifyLatency,
+    pub options: GoodputOptions,
+}
+
+impl VerifyBudget {
+    /// Verified drafts per sequence, given each draft's confidence (`confidences[b][i]`:
+    /// draft i of sequence b; a sequence may have drafted none).
+    pub fn lengths(&self, confidences: &[Vec<f32>]) -> Vec<usize> {
+        schedule_batch(&chain_gains(confidences), &self.latency, &self.options)
+    }
+}
+
+/// Gain of draft i: the chance that drafts 0..=i are all kept, the product of their β.
+fn chain_gains(confidences: &[Vec<f32>]) -> Vec<Vec<f64>> {
+    confidences
+        .iter()
+        .map(|c| {
+            c.iter()
+                .scan(1.0f64, |kept, &beta| {
+                    *kept *= beta.clamp(0.0, 1.0) as f64;
+                    Some(*kept)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This machine's verify forward (`verdict forward-cost`, one row of n tokens, ms).
+    fn measured() -> VerifyLatency {
+        VerifyLatency::fit(&[(1, 49.1), (5, 53.9), (8, 72.1), (10, 74.0), (16, 108.3), (24, 166.4), (32, 210.0)])
+            .unwrap()
+    }
+
+    fn budget(latency: VerifyLatency) -> VerifyBudget {
+        VerifyBudget { latency, options: GoodputOptions::default() }
+    }
+
+    #[test]
+    fn gains_are_running_products_of_confidences() {
+        let g = chain_gains(&[vec![0.5, 0.5, 1.0], vec![]]);
+        assert_eq!(g, vec![vec![0.5, 0.25, 0.25], vec![]]);
+    }
+
+    #[test]
+    fn one_sequence_on_a_flat_verify_sends_every_likely_draft() {
+        // 1 → 5 rows costs 4.8 ms on 49: a draft pays from a ≈ 3 % chance of being kept.
+        assert_eq!(budget(measured()).lengths(&[vec![0.9, 0.8, 0.7, 0.6]]), vec![4]);
+    }
+
+    #[test]
+    fn eight_sequences_send_only_drafts_likely_enough_to_pay_for_their_row() {
+        // 8 rows cost 72.1 ms, 16 rows 108.3: the two sure sequences' 8 drafts (gains 0.95
+        // down to 0.69) lift goodput from 0.111 to 0.134 tokens/ms; a 17th row at ≈ 7 ms
+        // more would need a gain above ≈ 0.95, and the others' first drafts offer 0.3.
+        let mut confidences = vec![vec![0.95, 0.9, 0.9, 0.9]; 2];
+        confidences.extend(vec![vec![0.3, 0.9, 0.9, 0.9]; 6]);
+        let lengths = budget(measured()).lengths(&confidences);
+        assert_eq!(&lengths[2..], &[0; 6], "unlikely first drafts stay home: {lengths:?}");
+        assert!(lengths[0] >= 2 && lengths[1] >= 2, "{lengths:?}");
+        // Alone, the same unlikely drafts pay: the forward is nearly flat.
+        assert!(budget(measured()).lengths(&[vec![0.3, 0.9, 0.9, 0.9]])[0] >= 1);
+    }
+
+    #[test]
+    fn no_confidence_sends_nothing_and_certainty_sends_everything() {
+        let b = budget(VerifyLatency::linear(50.0, 6.0));
+        let (unsure, sure) = (vec![vec![0.0; 4]; 3], vec![vec![1.0; 4]; 3]);
+        assert_eq!(b.lengths(&unsure), vec![0; 3]);
+        assert_eq!(b.lengths(&sure), vec![4; 3]);
+    }
+}
