@@ -225,6 +225,8 @@ impl SvConfig {
                 min_gamma: self.min_gamma,
                 search: Search::EarlyStop,
             },
+            // mistral.rs patch 0018 pads each sequence's verify rows to the batch's widest.
+            padded: true,
         }))
     }
 }

@@ -41,6 +41,9 @@ pub struct EagleProposer {
     restored_rows: AtomicUsize,
     /// How many drafts of each sequence a batched verify takes (`[sv]`); `None`: all.
     verify_budget: Option<VerifyBudget>,
+    /// The most drafts of one sequence the last batched verify took: with `[sv]`, sequences
+    /// drafted together draft at most one more (drafts no verify takes cost ≈ 1 ms each).
+    last_verified: AtomicUsize,
 }
 
 /// Bytes of finished sequences' head caches kept by default: a position costs the head
@@ -80,6 +83,7 @@ impl EagleProposer {
             prefix_cache: Mutex::new(HeadPrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES)),
             restored_rows: AtomicUsize::new(0),
             verify_budget: None,
+            last_verified: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -233,6 +237,7 @@ impl Proposer for EagleProposer {
         sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
     ) -> candle_core::Result<(Vec<u32>, Tensor)> {
         let mut sequences = self.sequences();
+        let drafting_together = sequences.len();
         let live = sequences
             .get_mut(&seq_id)
             .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
@@ -242,6 +247,12 @@ impl Proposer for EagleProposer {
             live.confidences.clear();
             return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
         }
+        // One sequence alone verifies every draft; among others, one more than the last
+        // batched verify took lets the width grow back when drafts get likelier.
+        let gamma = match (&self.verify_budget, drafting_together) {
+            (Some(_), 2..) => gamma.min(self.last_verified.load(Ordering::Relaxed).saturating_add(1)),
+            _ => gamma,
+        };
         let drafts = live
             .drafter
             .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {
@@ -266,7 +277,9 @@ impl Proposer for EagleProposer {
                 (0..n).map(|i| known.get(i).copied().unwrap_or(0.0)).collect()
             })
             .collect();
-        budget.lengths(&confidences)
+        let lengths = budget.lengths(&confidences);
+        self.last_verified.store(lengths.iter().copied().max().unwrap_or(0), Ordering::Relaxed);
+        lengths
     }
 
     fn release(&self, seq_id: usize) {

@@ -19,13 +19,38 @@ use super::{
 pub struct VerifyBudget {
     pub latency: VerifyLatency,
     pub options: GoodputOptions,
+    /// The batched verify pads every sequence's rows to the longest (the engine's does):
+    /// a verify of widths w_b costs T_v(B · max w_b), so drafts up to the widest are free
+    /// and the choice is one width for the batch. `false`: rows packed, T_v(Σ w_b), the
+    /// paper's per-draft greedy.
+    pub padded: bool,
 }
 
 impl VerifyBudget {
     /// Verified drafts per sequence, given each draft's confidence (`confidences[b][i]`:
     /// draft i of sequence b; a sequence may have drafted none).
     pub fn lengths(&self, confidences: &[Vec<f32>]) -> Vec<usize> {
-        schedule_batch(&chain_gains(confidences), &self.latency, &self.options)
+        let gains = chain_gains(confidences);
+        if !self.padded {
+            return schedule_batch(&gains, &self.latency, &self.options);
+        }
+        let verified = |drafts: usize| -> Vec<usize> {
+            gains.iter().map(|g| g.len().min(drafts.max(self.options.min_gamma))).collect()
+        };
+        let widest = gains.iter().map(Vec::len).max().unwrap_or(0);
+        let goodput = |drafts: usize| -> f64 {
+            let lengths = verified(drafts);
+            let kept: f64 = gains.iter().zip(&lengths).map(|(g, &n)| g[..n].iter().sum::<f64>()).sum();
+            let width = lengths.iter().max().map_or(1, |n| n + 1);
+            let bonus = if self.options.count_bonus { gains.len() as f64 } else { 0.0 };
+            (kept + bonus) / (self.options.fixed_ms + self.latency.at(gains.len() * width))
+        };
+        // Widen while goodput improves (it is unimodal in the width as in γ).
+        let mut drafts = 0;
+        while drafts < widest && goodput(drafts + 1) > goodput(drafts) {
+            drafts += 1;
+        }
+        verified(drafts)
     }
 }
 
@@ -55,7 +80,29 @@ mod tests {
     }
 
     fn budget(latency: VerifyLatency) -> VerifyBudget {
-        VerifyBudget { latency, options: GoodputOptions::default() }
+        VerifyBudget { latency, options: GoodputOptions::default(), padded: false }
+    }
+
+    fn padded(latency: VerifyLatency) -> VerifyBudget {
+        VerifyBudget { padded: true, ..budget(latency) }
+    }
+
+    #[test]
+    fn padded_rows_make_one_width_for_the_batch() {
+        // Two sure sequences and six unsure ones: packed, only the sure drafts are verified;
+        // padded, a sure draft makes every row that wide, and the unsure drafts ride free.
+        let mut confidences = vec![vec![0.95, 0.9, 0.9, 0.9]; 2];
+        confidences.extend(vec![vec![0.3, 0.9, 0.9, 0.9]; 6]);
+        // 8 rows: 8 / 72.1 = 0.111; 16 rows (one draft each): (8 + 1.9 + 1.8) / 108.3 = 0.108.
+        assert_eq!(padded(measured()).lengths(&confidences), vec![0; 8]);
+        // Alone the verify is flat: every draft is worth it, padded or not.
+        assert_eq!(padded(measured()).lengths(&[vec![0.9, 0.8, 0.7, 0.6]]), vec![4]);
+        // Two sequences: widths 1, 2, 3, 4 cost 50.3, 52.7, 60.0, 72.1 ms for 2 rows each;
+        // goodput 0.040, 0.072, 0.089, then 0.083 (the second's third draft gains 0.08).
+        let two = padded(measured()).lengths(&[vec![0.9, 0.8, 0.8, 0.8], vec![0.9, 0.9, 0.1, 0.9]]);
+        assert_eq!(two, vec![2, 2]);
+        // A sequence that drafted less verifies what it has: 0.072, 0.077, then 0.074.
+        assert_eq!(padded(measured()).lengths(&[vec![0.9; 4], vec![0.9]]), vec![2, 1]);
     }
 
     #[test]
