@@ -41,17 +41,7 @@ fn batched_equals_alone(arch: TinyArch, prompt_ids: &[&[usize]]) {
         let distinct: BTreeSet<&String> = alone.iter().collect();
         assert_eq!(distinct.len(), prompts.len(), "the prompts must answer differently: {alone:?}");
 
-        let mut set = tokio::task::JoinSet::new();
-        for (i, p) in prompts.iter().enumerate() {
-            let (mistralrs, prompt, sampling) =
-                (engine.mistralrs.clone(), Prompt::Text(p.clone()), config.sampling.clone());
-            set.spawn(async move { (i, generate(&mistralrs, &prompt, &sampling).await.unwrap().text) });
-        }
-        let mut together = vec![String::new(); prompts.len()];
-        while let Some(joined) = set.join_next().await {
-            let (i, text) = joined.unwrap();
-            together[i] = text;
-        }
+        let together = common::answer_concurrently(&engine.mistralrs, &prompts, &config.sampling).await;
         assert_eq!(together, alone);
     });
 }

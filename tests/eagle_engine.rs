@@ -208,17 +208,7 @@ fn concurrent_texts(
         .unwrap();
         let rule = engine.rule.clone().unwrap();
         rule.record_steps();
-        let mut set = tokio::task::JoinSet::new();
-        for (i, p) in prompts.iter().enumerate() {
-            let (mistralrs, prompt, sampling) =
-                (engine.mistralrs.clone(), Prompt::Text(p.clone()), config.sampling.clone());
-            set.spawn(async move { (i, generate(&mistralrs, &prompt, &sampling).await.unwrap().text) });
-        }
-        let mut texts = vec![String::new(); prompts.len()];
-        while let Some(joined) = set.join_next().await {
-            let (i, text) = joined.unwrap();
-            texts[i] = text;
-        }
+        let texts = common::answer_concurrently(&engine.mistralrs, prompts, &config.sampling).await;
         rule.settle().await;
         (texts, rule.recorded_steps())
     })

@@ -1,10 +1,12 @@
 //! Tiny random-weight target/draft pairs written to a temp folder, and configs for them.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
+use mistralrs_core::MistralRs;
 use verdict::{
-    config::Config,
+    config::{Config, SamplingConfig},
+    engine::{generate, Prompt},
     tiny_model::{words, write_tiny_model, write_tiny_model_perturbed, TinyArch, TinySpec},
 };
 
@@ -36,3 +38,18 @@ pub fn prompts() -> Vec<String> {
     vec![words(&[1, 2, 3]), words(&[10, 4, 4, 7, 30]), words(&[5])]
 }
 pub mod scripted;
+
+/// The texts of `prompts` sent to one engine at once, in the prompts' order.
+pub async fn answer_concurrently(mistralrs: &Arc<MistralRs>, prompts: &[String], sampling: &SamplingConfig) -> Vec<String> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let (mistralrs, prompt, sampling) = (mistralrs.clone(), Prompt::Text(p.clone()), sampling.clone());
+        set.spawn(async move { (i, generate(&mistralrs, &prompt, &sampling).await.unwrap().text) });
+    }
+    let mut texts = vec![String::new(); prompts.len()];
+    while let Some(joined) = set.join_next().await {
+        let (i, text) = joined.unwrap();
+        texts[i] = text;
+    }
+    texts
+}
