@@ -383,6 +383,31 @@ mod tests {
     }
 
     #[test]
+    fn with_a_verify_budget_sequences_drafting_together_draft_one_more_than_was_verified() {
+        use crate::sv::{latency::VerifyLatency, schedule::GoodputOptions};
+        // A verify row as dear as a forward: no draft of a batch pays for its row.
+        let budget = VerifyBudget { latency: VerifyLatency::linear(10.0, 10.0), options: GoodputOptions::default(), padded: true };
+        let p = proposers(1).remove(0).with_verify_budget(Some(budget));
+        let features = Tensor::randn(0f32, 1.0, (6, 3 * HIDDEN), &Device::Cpu).unwrap();
+        observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
+        // Alone, a sequence drafts γ (it verifies all of them: no batched verify).
+        assert_eq!(greedy_drafts(&p, 1).0.len(), 3);
+        observe(&p, 2, &[1, 2, 3, 4, 6], 0, &features);
+        assert_eq!(greedy_drafts(&p, 1).0.len(), 3, "no batched verify has happened yet");
+        assert_eq!(greedy_drafts(&p, 2).0.len(), 3);
+        assert_eq!(p.verify_lengths(&[1, 2], &[3, 3]), vec![0, 0]);
+        // Together, after a verify that took none: one draft each, to see whether it pays.
+        assert_eq!(greedy_drafts(&p, 1).0.len(), 1);
+        assert_eq!(greedy_drafts(&p, 2).0.len(), 1);
+        // Without a budget every draft is verified and γ drafted.
+        let plain = proposers(1).remove(0);
+        observe(&plain, 1, &[1, 2, 3, 4, 5], 0, &features);
+        observe(&plain, 2, &[1, 2, 3, 4, 6], 0, &features);
+        assert_eq!(plain.verify_lengths(&[1, 2], &[3, 2]), vec![3, 2]);
+        assert_eq!(greedy_drafts(&plain, 1).0.len(), 3);
+    }
+
+    #[test]
     fn no_prefix_cache_bytes_keeps_nothing() {
         let p = proposers(1).remove(0).with_prefix_cache_bytes(0);
         let features = Tensor::randn(0f32, 1.0, (6, 3 * HIDDEN), &Device::Cpu).unwrap();
