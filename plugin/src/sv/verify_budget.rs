@@ -46,9 +46,13 @@ impl VerifyBudget {
             (kept + bonus) / (self.options.fixed_ms + self.latency.at(gains.len() * width))
         };
         // Widen while goodput improves (it is unimodal in the width as in γ).
-        let mut drafts = 0;
-        while drafts < widest && goodput(drafts + 1) > goodput(drafts) {
-            drafts += 1;
+        let (mut drafts, mut best) = (0, goodput(0));
+        while drafts < widest {
+            let wider = goodput(drafts + 1);
+            if wider <= best {
+                break;
+            }
+            (drafts, best) = (drafts + 1, wider);
         }
         verified(drafts)
     }
