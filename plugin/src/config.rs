@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use verdict_heads::WeightFormat;
+use verdict_heads::{ModelFingerprint, WeightFormat};
 
 use crate::{
     judge::JudgeStack,
@@ -19,6 +19,7 @@ use crate::{
     sv::{
         latency::VerifyLatency,
         schedule::{GoodputOptions, Search},
+        table::AcceptanceTable,
         verify_budget::VerifyBudget,
     },
 };
@@ -196,6 +197,10 @@ pub struct SvConfig {
     pub count_bonus: bool,
     /// Drafts every sequence verifies at least, where it has them.
     pub min_gamma: usize,
+    /// The acceptance table `train-head sv-profile` fitted for the head (relative to the
+    /// config file): the chance the target keeps a draft of each confidence. Without it,
+    /// the head's confidence is taken as that chance.
+    pub table: Option<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -227,6 +232,7 @@ impl SvConfig {
             },
             // mistral.rs patch 0018 pads each sequence's verify rows to the batch's widest.
             padded: true,
+            table: None,
         }))
     }
 }
@@ -412,6 +418,26 @@ impl Config {
         stacks.into_iter().chain(eagle).collect()
     }
 
+    /// `[sv]`'s budget with its acceptance table loaded, for `target`: a table fitted for
+    /// another target is refused. `None` when `[sv]` is off.
+    pub fn sv_budget(&self, target: &ModelFingerprint) -> Result<Option<VerifyBudget>> {
+        let Some(mut budget) = self.sv.verify_budget()? else {
+            return Ok(None);
+        };
+        if let Some(path) = &self.sv.table {
+            let path = self.base_dir.join(path);
+            let table = AcceptanceTable::load(&path).with_context(|| format!("sv.table = {:?}", self.sv.table.as_ref().unwrap()))?;
+            let Some(profiled) = &table.origin.target_fingerprint else {
+                bail!("sv.table {} does not say which target it was profiled with: profile it again with `train-head sv-profile`", path.display());
+            };
+            profiled
+                .check_loaded(&format!("sv.table {}", path.display()), "target", target)
+                .context("profile this target with `train-head sv-profile`")?;
+            budget.table = Some(table);
+        }
+        Ok(Some(budget))
+    }
+
     /// The EAGLE head's folder, resolved against the config file's folder.
     pub fn eagle_head(&self) -> Option<PathBuf> {
         self.speculative.eagle_head.as_ref().map(|p| self.base_dir.join(p))
@@ -521,6 +547,37 @@ mod tests {
     fn unknown_section_is_named() {
         let err = error_of(&format!("{MINIMAL}[speculation]\ngamma = 3\n"));
         assert!(err.contains("unknown field `speculation`"), "{err}");
+    }
+
+    #[test]
+    fn an_sv_table_profiled_with_another_target_is_refused() {
+        use crate::sv::table::{Observation, TableOrigin};
+        let fingerprint = |sha: &str| ModelFingerprint {
+            architecture: "qwen2".into(),
+            hidden_size: 8,
+            num_layers: 2,
+            vocab_size: 30,
+            tokenizer_sha256: sha.into(),
+            source: format!("{sha}.gguf"),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let origin = TableOrigin { target_fingerprint: Some(fingerprint("aaaa")), ..TableOrigin::default() };
+        let profile = [Observation { s: 0.5, a: 1.0, alpha: 1.0 }, Observation { s: 0.9, a: 1.0, alpha: 0.0 }];
+        AcceptanceTable::fit(&profile, 2, 1, 1, origin).unwrap().save(&dir.path().join("t.json")).unwrap();
+        let config = |table: &str| {
+            let mut c = Config::from_toml(&format!(
+                "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\ntable = {table:?}\n"
+            ))
+            .unwrap();
+            c.base_dir = dir.path().to_path_buf();
+            c
+        };
+        let budget = config("t.json").sv_budget(&fingerprint("aaaa")).unwrap().unwrap();
+        assert_eq!(budget.table.unwrap().beta_by_s(0.95), 0.0);
+        let err = format!("{:#}", config("t.json").sv_budget(&fingerprint("bbbb")).unwrap_err());
+        assert!(err.contains("aaaa.gguf") && err.contains("bbbb.gguf") && err.contains("sv-profile"), "{err}");
+        let err = format!("{:#}", config("none.json").sv_budget(&fingerprint("aaaa")).unwrap_err());
+        assert!(err.contains("sv.table") && err.contains("none.json"), "{err}");
     }
 
     #[test]

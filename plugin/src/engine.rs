@@ -195,7 +195,7 @@ impl LoadedModels {
                 .with_min_confidence(drafting.min_confidence)?
                 .with_min_first_confidence(drafting.min_first_confidence)?
                 .with_prefix_cache_bytes(head_rows_kept)
-                .with_verify_budget(config.sv.verify_budget()?),
+                .with_verify_budget(config.sv_budget(&self.target_fingerprint)?),
         ))
     }
 

@@ -21,3 +21,4 @@ pub mod miner;
 pub mod pad_fit;
 pub mod pad_head;
 pub mod pad_mine;
+pub mod sv_profile;

@@ -24,6 +24,7 @@ use verdict_training::{
     pad_fit::PadFitOptions,
     pad_head::{compute_pad_features, fit_pad_head},
     pad_mine::{mine_pivots, PadPlan},
+    sv_profile::{profile_sv, SvProfilePlan},
 };
 
 #[derive(Parser)]
@@ -55,6 +56,35 @@ enum Command {
     /// Replay an EAGLE-3 head's greedy chain drafting on the held-out problems' features:
     /// the τ a greedy `exact` bench of those responses would measure, without running one.
     EagleReplay(EagleReplayArgs),
+    /// Speculative Verification's acceptance table for an EAGLE head: greedy `exact`
+    /// speculation over GSM8K train problems records each verified draft's confidence and
+    /// fate, and the table maps a confidence to the chance the target keeps the draft
+    /// (`[sv] table` in a config); resumable, with held-out calibration in a report.
+    SvProfile(SvProfileArgs),
+}
+
+#[derive(Args)]
+struct SvProfileArgs {
+    /// A verdict config drafting with an EAGLE head (`proposer = "eagle"`), greedy.
+    #[command(flatten)]
+    task: TaskArgs,
+    /// First problem of the split to profile.
+    #[arg(long, default_value_t = 0)]
+    first: usize,
+    #[arg(long, default_value_t = 100)]
+    problems: usize,
+    /// Every n-th problem is held out of the fit to evaluate it.
+    #[arg(long, default_value_t = 5)]
+    hold_out_every: usize,
+    /// Confidence bins of equal draft counts.
+    #[arg(long, default_value_t = 20)]
+    bins: usize,
+    /// Bins with fewer drafts fall back to the overall keep rate.
+    #[arg(long, default_value_t = 20)]
+    min_count: u32,
+    /// The table (JSON); `<name>.report.json` and `<name>.outcomes.jsonl` go beside it.
+    #[arg(long, default_value = "heads/gsm8k-eagle3/sv_table.json")]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -454,6 +484,23 @@ fn main() -> Result<()> {
         ),
         Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
         Some(Command::Eagle(args)) => run_eagle(&args),
+        Some(Command::SvProfile(args)) => {
+            let config = Config::load(&args.task.config)?;
+            let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+            let plan = SvProfilePlan {
+                data_dir: verdict_cli::datasets::gsm8k_dir(args.task.data_dir.clone(), &cache),
+                split: args.task.split.clone(),
+                first: args.first,
+                problems: args.problems,
+                hold_out_every: args.hold_out_every,
+                bins: args.bins,
+                min_count: args.min_count,
+                out: args.out.clone(),
+            };
+            let report = profile_sv(&config, &plan)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
         Some(Command::EagleReplay(args)) => {
             let config = Config::load(&args.config)?;
             let tree = args.tree.clone().unwrap_or_else(|| DraftTree::chain(args.gamma));

@@ -12,6 +12,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
 use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
 use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
@@ -44,6 +45,19 @@ pub struct EagleProposer {
     /// The most drafts of one sequence the last batched verify took: with `[sv]`, sequences
     /// drafted together draft at most one more (drafts no verify takes cost ≈ 1 ms each).
     last_verified: AtomicUsize,
+    /// Each verified draft's confidence and fate, while recording (`train-head sv-profile`).
+    outcomes: Mutex<Option<Vec<DraftOutcome>>>,
+}
+
+/// What became of one verified draft: the head's confidence before drawing it, its place in
+/// the step's chain, and whether the target kept it. Drafts after a step's first refusal
+/// are not recorded: their fate says nothing about them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DraftOutcome {
+    pub confidence: f32,
+    /// 0 for a step's first draft.
+    pub position: usize,
+    pub kept: bool,
 }
 
 /// Bytes of finished sequences' head caches kept by default: a position costs the head
@@ -56,6 +70,9 @@ struct LiveSequence {
     tokens: Vec<u32>,
     /// The head's confidence in each draft of the sequence's last proposal.
     confidences: Vec<f32>,
+    /// The last proposal's drafts, and how many of them its verify took.
+    drafts: Vec<u32>,
+    verified: usize,
 }
 
 impl EagleProposer {
@@ -84,7 +101,23 @@ impl EagleProposer {
             restored_rows: AtomicUsize::new(0),
             verify_budget: None,
             last_verified: AtomicUsize::new(usize::MAX),
+            outcomes: Mutex::new(None),
         })
+    }
+
+    /// From now on, record every verified draft's confidence and fate
+    /// ([`Self::take_outcomes`]).
+    pub fn record_outcomes(&self) {
+        self.outcome_log().get_or_insert_with(Vec::new);
+    }
+
+    /// The draft outcomes recorded since the last call (none unless recording).
+    pub fn take_outcomes(&self) -> Vec<DraftOutcome> {
+        self.outcome_log().as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn outcome_log(&self) -> MutexGuard<'_, Option<Vec<DraftOutcome>>> {
+        self.outcomes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Let a batched verify take only the drafts worth their rows under load (SV's schedule
@@ -194,6 +227,29 @@ pub fn capture_layers(aux: &[usize], num_layers: usize) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The fates of a sequence's last verified drafts, read from the positions the verify
+/// committed. The head's last committed row read the newest token and predicted the first
+/// draft, so draft i sat at `committed_len + 1 + i`. It was kept when a committed position
+/// holds it there: the verify committed positions `start..committed_end` and handed over
+/// the token after each, the last of them the target's own correction or bonus.
+fn draft_fates(live: &LiveSequence, features: &TargetFeatures<'_>) -> Vec<DraftOutcome> {
+    let first_draft = live.drafter.committed_len() + 1;
+    let committed_end = features.start + features.next_tokens.len();
+    let mut fates = Vec::new();
+    for (i, (&draft, &confidence)) in live.drafts.iter().zip(&live.confidences).take(live.verified).enumerate() {
+        let position = first_draft + i;
+        // next_tokens[j] is the token at position start + j + 1.
+        let Some(j) = position.checked_sub(features.start + 1) else {
+            break;
+        };
+        let kept = position < committed_end && features.next_tokens.get(j) == Some(&draft);
+        fates.push(DraftOutcome { confidence, position: i, kept });
+        if !kept {
+            break;
+        }
+    }
+    fates
+}
 
 fn to_candle(e: anyhow::Error) -> candle_core::Error {
     candle_core::Error::Msg(format!("{e:#}"))
@@ -212,9 +268,19 @@ impl Proposer for EagleProposer {
             std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 let drafter = self.start_sequence(features).map_err(to_candle)?;
-                slot.insert(LiveSequence { drafter, tokens: Vec::new(), confidences: Vec::new() })
+                slot.insert(LiveSequence {
+                    drafter,
+                    tokens: Vec::new(),
+                    confidences: Vec::new(),
+                    drafts: Vec::new(),
+                    verified: 0,
+                })
             }
         };
+        if let Some(log) = self.outcome_log().as_mut() {
+            log.extend(draft_fates(live, features));
+        }
+        live.drafts.clear();
         live.drafter
             .commit(
                 &self.head,
@@ -245,6 +311,7 @@ impl Proposer for EagleProposer {
             && live.drafter.first_draft_confidence().map_err(to_candle)? < self.min_first_confidence
         {
             live.confidences.clear();
+            live.drafts.clear();
             return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
         }
         // One sequence alone verifies every draft; among others, one more than the last
@@ -260,6 +327,8 @@ impl Proposer for EagleProposer {
             })
             .map_err(to_candle)?;
         live.confidences = drafts.confidences;
+        live.verified = drafts.tokens.len();
+        live.drafts.clone_from(&drafts.tokens);
         Ok((drafts.tokens, drafts.logits))
     }
 
@@ -278,6 +347,13 @@ impl Proposer for EagleProposer {
             })
             .collect();
         let lengths = budget.lengths(&confidences);
+        drop(sequences);
+        let mut sequences = self.sequences();
+        for (id, &n) in seq_ids.iter().zip(&lengths) {
+            if let Some(live) = sequences.get_mut(id) {
+                live.verified = n.min(live.drafts.len());
+            }
+        }
         self.last_verified.store(lengths.iter().copied().max().unwrap_or(0), Ordering::Relaxed);
         lengths
     }
@@ -386,7 +462,7 @@ mod tests {
     fn with_a_verify_budget_sequences_drafting_together_draft_one_more_than_was_verified() {
         use crate::sv::{latency::VerifyLatency, schedule::GoodputOptions};
         // A verify row as dear as a forward: no draft of a batch pays for its row.
-        let budget = VerifyBudget { latency: VerifyLatency::linear(10.0, 10.0), options: GoodputOptions::default(), padded: true };
+        let budget = VerifyBudget { latency: VerifyLatency::linear(10.0, 10.0), options: GoodputOptions::default(), padded: true, table: None };
         let p = proposers(1).remove(0).with_verify_budget(Some(budget));
         let features = Tensor::randn(0f32, 1.0, (6, 3 * HIDDEN), &Device::Cpu).unwrap();
         observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
@@ -405,6 +481,41 @@ mod tests {
         observe(&plain, 2, &[1, 2, 3, 4, 6], 0, &features);
         assert_eq!(plain.verify_lengths(&[1, 2], &[3, 2]), vec![3, 2]);
         assert_eq!(greedy_drafts(&plain, 1).0.len(), 3);
+    }
+
+    #[test]
+    fn the_outcome_log_records_each_verified_draft_up_to_the_first_refusal() {
+        let p = proposers(1).remove(0);
+        p.record_outcomes();
+        let features = Tensor::randn(0f32, 1.0, (16, 3 * HIDDEN), &Device::Cpu).unwrap();
+        let mut tokens = vec![1, 2, 3, 4, 5];
+        observe(&p, 1, &tokens, 0, &features);
+        assert!(p.take_outcomes().is_empty(), "a prompt forward verifies no draft");
+        let fates = |log: Vec<DraftOutcome>| log.iter().map(|o| (o.position, o.kept)).collect::<Vec<_>>();
+
+        // The first draft kept, the second refused (the target wrote another token there).
+        let (drafts, _) = greedy_drafts(&p, 1);
+        let start = tokens.len() - 1;
+        tokens.extend([drafts[0], (drafts[1] + 1) % VOCAB as u32]);
+        observe(&p, 1, &tokens, start, &features);
+        let log = p.take_outcomes();
+        assert!(log.iter().all(|o| o.confidence > 0.0 && o.confidence <= 1.0), "{log:?}");
+        assert_eq!(fates(log), vec![(0, true), (1, false)]);
+
+        // Every draft kept, then a bonus token.
+        let (drafts, _) = greedy_drafts(&p, 1);
+        let start = tokens.len() - 1;
+        tokens.extend(drafts.iter().copied().chain([7]));
+        observe(&p, 1, &tokens, start, &features);
+        assert_eq!(fates(p.take_outcomes()), vec![(0, true), (1, true), (2, true)]);
+
+        // The first refused: nothing after it is recorded.
+        let (drafts, _) = greedy_drafts(&p, 1);
+        let start = tokens.len() - 1;
+        tokens.push((drafts[0] + 1) % VOCAB as u32);
+        observe(&p, 1, &tokens, start, &features);
+        assert_eq!(fates(p.take_outcomes()), vec![(0, false)]);
+        assert!(p.take_outcomes().is_empty());
     }
 
     #[test]

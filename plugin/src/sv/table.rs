@@ -11,6 +11,7 @@ use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
 use serde::{Deserialize, Serialize};
+use verdict_heads::ModelFingerprint;
 
 /// One drafted position of a profiling run.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -33,6 +34,9 @@ pub struct TableOrigin {
     pub dataset: String,
     /// Drafts per step in the profiling runs.
     pub gamma: usize,
+    /// The target the table was profiled with; a table is refused for another.
+    #[serde(default)]
+    pub target_fingerprint: Option<ModelFingerprint>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -134,9 +138,14 @@ impl AcceptanceTable {
         }
     }
 
+    /// The S bin holding `s`, counted from 0.
+    pub fn bin_of_s(&self, s: f32) -> usize {
+        bin_of(&self.s_edges, s)
+    }
+
     /// β from S alone: what is known of a draft before it is sampled.
     pub fn beta_by_s(&self, s: f32) -> f32 {
-        let i = bin_of(&self.s_edges, s);
+        let i = self.bin_of_s(s);
         if self.count_by_s[i] >= self.min_count {
             self.beta_by_s[i]
         } else {
@@ -246,7 +255,7 @@ mod tests {
     fn json_round_trip_keeps_the_table() {
         let observations: Vec<Observation> =
             (0..200).map(|i| obs((i % 17) as f32 / 17.0, (i % 11) as f32 / 11.0, (i % 2) as f32)).collect();
-        let origin = TableOrigin { target: "t".into(), draft: "d".into(), companion: "c".into(), dataset: "gsm8k".into(), gamma: 5 };
+        let origin = TableOrigin { target: "t".into(), draft: "d".into(), companion: "c".into(), dataset: "gsm8k".into(), gamma: 5, target_fingerprint: None };
         let table = AcceptanceTable::fit(&observations, 5, 4, 3, origin).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sv_table.json");

@@ -13,6 +13,7 @@
 use super::{
     latency::VerifyLatency,
     schedule::{schedule_batch, GoodputOptions},
+    table::AcceptanceTable,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -24,13 +25,16 @@ pub struct VerifyBudget {
     /// and the choice is one width for the batch. `false`: rows packed, T_v(Σ w_b), the
     /// paper's per-draft greedy.
     pub padded: bool,
+    /// The chance the target keeps a draft of a given confidence, fitted by `train-head
+    /// sv-profile`; `None`: the confidence itself.
+    pub table: Option<AcceptanceTable>,
 }
 
 impl VerifyBudget {
     /// Verified drafts per sequence, given each draft's confidence (`confidences[b][i]`:
     /// draft i of sequence b; a sequence may have drafted none).
     pub fn lengths(&self, confidences: &[Vec<f32>]) -> Vec<usize> {
-        let gains = chain_gains(confidences);
+        let gains = chain_gains(confidences, self.table.as_ref());
         if !self.padded {
             return schedule_batch(&gains, &self.latency, &self.options);
         }
@@ -58,13 +62,15 @@ impl VerifyBudget {
     }
 }
 
-/// Gain of draft i: the chance that drafts 0..=i are all kept, the product of their β.
-fn chain_gains(confidences: &[Vec<f32>]) -> Vec<Vec<f64>> {
+/// Gain of draft i: the chance that drafts 0..=i are all kept, the product of their β (the
+/// table's for each confidence, or the confidence itself).
+fn chain_gains(confidences: &[Vec<f32>], table: Option<&AcceptanceTable>) -> Vec<Vec<f64>> {
     confidences
         .iter()
         .map(|c| {
             c.iter()
-                .scan(1.0f64, |kept, &beta| {
+                .scan(1.0f64, |kept, &confidence| {
+                    let beta = table.map_or(confidence, |t| t.beta_by_s(confidence));
                     *kept *= beta.clamp(0.0, 1.0) as f64;
                     Some(*kept)
                 })
@@ -84,11 +90,28 @@ mod tests {
     }
 
     fn budget(latency: VerifyLatency) -> VerifyBudget {
-        VerifyBudget { latency, options: GoodputOptions::default(), padded: false }
+        VerifyBudget { latency, options: GoodputOptions::default(), padded: false, table: None }
     }
 
     fn padded(latency: VerifyLatency) -> VerifyBudget {
         VerifyBudget { padded: true, ..budget(latency) }
+    }
+
+    #[test]
+    fn a_fitted_table_prices_drafts_by_how_often_the_target_kept_them() {
+        use crate::sv::table::{Observation, TableOrigin};
+        // A profile where every draft was kept, or none, whatever the head's confidence.
+        let table = |kept: bool| {
+            let profile: Vec<Observation> =
+                (0..100).map(|i| Observation { s: i as f32 / 100.0, a: 1.0, alpha: kept as u8 as f32 }).collect();
+            AcceptanceTable::fit(&profile, 4, 1, 1, TableOrigin::default()).unwrap()
+        };
+        let with = |t: AcceptanceTable| VerifyBudget { table: Some(t), ..padded(measured()) };
+        let confidences = [vec![0.9, 0.8, 0.8, 0.8], vec![0.9, 0.9, 0.1, 0.9]];
+        assert_eq!(padded(measured()).lengths(&confidences), vec![2, 2]);
+        // Always kept: widths 0..=4 give 2 / 50.3, 4 / 52.7, 6 / 60.0, 8 / 72.1, 10 / 74.0.
+        assert_eq!(with(table(true)).lengths(&confidences), vec![4, 4]);
+        assert_eq!(with(table(false)).lengths(&confidences), vec![0, 0]);
     }
 
     #[test]
@@ -111,7 +134,7 @@ mod tests {
 
     #[test]
     fn gains_are_running_products_of_confidences() {
-        let g = chain_gains(&[vec![0.5, 0.5, 1.0], vec![]]);
+        let g = chain_gains(&[vec![0.5, 0.5, 1.0], vec![]], None);
         assert_eq!(g, vec![vec![0.5, 0.25, 0.25], vec![]]);
     }
 
