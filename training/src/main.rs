@@ -164,10 +164,9 @@ struct EagleArgs {
 }
 
 fn run_eagle(args: &EagleArgs) -> Result<()> {
-    let config = Config::load(&args.task.config)?;
-    let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+    let (config, data_dir) = args.task.config_and_data_dir()?;
     let plan = EaglePlan {
-        data_dir: verdict_cli::datasets::gsm8k_dir(args.task.data_dir.clone(), &cache),
+        data_dir,
         split: args.task.split.clone(),
         first: args.first,
         problems: args.problems,
@@ -344,10 +343,16 @@ struct PadArgs {
 }
 
 impl TaskArgs {
-    fn problems(&self) -> Result<Vec<gsm8k::Problem>> {
+    /// The config, and the folder of the task's data (named, or else the fetched copy).
+    fn config_and_data_dir(&self) -> Result<(Config, PathBuf)> {
         let config = Config::load(&self.config)?;
         let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
-        gsm8k::load(&verdict_cli::datasets::gsm8k_dir(self.data_dir.clone(), &cache), &self.split)
+        let data_dir = verdict_cli::datasets::gsm8k_dir(self.data_dir.clone(), &cache);
+        Ok((config, data_dir))
+    }
+
+    fn problems(&self) -> Result<Vec<gsm8k::Problem>> {
+        gsm8k::load(&self.config_and_data_dir()?.1, &self.split)
     }
 
     fn engines(&self) -> Result<MistralEngines> {
@@ -485,10 +490,9 @@ fn main() -> Result<()> {
         Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
         Some(Command::Eagle(args)) => run_eagle(&args),
         Some(Command::SvProfile(args)) => {
-            let config = Config::load(&args.task.config)?;
-            let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+            let (config, data_dir) = args.task.config_and_data_dir()?;
             let plan = SvProfilePlan {
-                data_dir: verdict_cli::datasets::gsm8k_dir(args.task.data_dir.clone(), &cache),
+                data_dir,
                 split: args.task.split.clone(),
                 first: args.first,
                 problems: args.problems,
