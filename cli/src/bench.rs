@@ -65,7 +65,9 @@ impl Mode {
     /// changes how, so drafting choices compare in one run. Options, dash-separated: a weight
     /// format (f32, q8_0, q4k), `g<N>` (up to N drafts a step), `c<P>` (stop before a draft
     /// of head probability below P), `s<P>` (draft nothing, decoding one token, when the first
-    /// draft's probability is below P): `eagle-q4k-g6-c0.5:exact`. Returns the options' text
+    /// draft's probability is below P), `sv` / `nosv` (SV's goodput with `[sv]`'s T_v
+    /// decides how many drafts are verified, or not): `eagle-q4k-g6-c0.5:exact`,
+    /// `eagle-sv:exact`. Returns the options' text
     /// ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
         if let Some(stack) = self.0.strip_prefix(EAGLE_MODE_PREFIX) {
@@ -90,7 +92,9 @@ impl Mode {
         let options = self.eagle_parts().map_or("", |(options, _)| options);
         for option in options.split('-').filter(|o| !o.is_empty()) {
             let bad = || format!("bench mode {:?}: option {option:?}", self.0);
-            if let Some(n) = option.strip_prefix('g') {
+            if option == "sv" || option == "nosv" {
+                drafting.sv = option == "sv";
+            } else if let Some(n) = option.strip_prefix('g') {
                 drafting.gamma = n.parse().with_context(bad)?;
                 ensure!((1..=32).contains(&drafting.gamma), "{}: γ must be 1..=32", bad());
             } else if let Some(p) = option.strip_prefix('c') {
@@ -286,7 +290,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             );
         }
         if mode.drafts_with_eagle() {
-            eagle_drafting.insert(mode.clone(), mode.eagle_drafting(config.speculative.eagle_drafting())?);
+            eagle_drafting.insert(mode.clone(), mode.eagle_drafting(config.eagle_drafting())?);
         }
     }
 
@@ -911,7 +915,7 @@ mod tests {
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0 };
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
         assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
@@ -923,8 +927,10 @@ mod tests {
         assert!(q4k.is_lossless());
         assert_eq!(
             mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
-            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25 }
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false }
         );
+        assert!(mode("eagle-sv:exact").eagle_drafting(configured).unwrap().sv);
+        assert!(!mode("eagle-nosv:exact").eagle_drafting(EagleDrafting { sv: true, ..configured }).unwrap().sv);
         let err = format!("{:#}", mode("eagle-q5:exact").eagle_drafting(configured).unwrap_err());
         assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
         for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact", "eagle-s1:exact"] {

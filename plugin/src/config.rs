@@ -150,15 +150,21 @@ pub struct EagleDrafting {
     pub gamma: usize,
     pub min_confidence: f32,
     pub min_first_confidence: f32,
+    /// SV's goodput decides how many drafts are verified (`[sv]`): a batched verify takes
+    /// the drafts worth their rows, a sequence alone drafts while one more pays.
+    pub sv: bool,
 }
 
-impl SpeculativeConfig {
+impl Config {
+    /// How the EAGLE head drafts, as `[speculative]` and `[sv]` say.
     pub fn eagle_drafting(&self) -> EagleDrafting {
+        let s = &self.speculative;
         EagleDrafting {
-            weights: self.eagle_weights,
-            gamma: self.gamma,
-            min_confidence: self.eagle_min_confidence,
-            min_first_confidence: self.eagle_min_first_confidence,
+            weights: s.eagle_weights,
+            gamma: s.gamma,
+            min_confidence: s.eagle_min_confidence,
+            min_first_confidence: s.eagle_min_first_confidence,
+            sv: self.sv.enabled,
         }
     }
 }
@@ -210,9 +216,15 @@ fn yes() -> bool {
 impl SvConfig {
     /// The budget the EAGLE proposer applies; `None` when `[sv]` is off.
     pub fn verify_budget(&self) -> Result<Option<VerifyBudget>> {
-        if !self.enabled {
-            return Ok(None);
+        match self.enabled {
+            true => self.budget().map(Some),
+            false => Ok(None),
         }
+    }
+
+    /// The budget these settings make, whether `[sv]` is on or not (a bench mode may ask
+    /// for it).
+    pub fn budget(&self) -> Result<VerifyBudget> {
         if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
             bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
         }
@@ -222,7 +234,7 @@ impl SvConfig {
                 self.verify_ms
             )
         })?;
-        Ok(Some(VerifyBudget {
+        Ok(VerifyBudget {
             latency,
             options: GoodputOptions {
                 count_bonus: self.count_bonus,
@@ -233,7 +245,7 @@ impl SvConfig {
             // mistral.rs patch 0018 pads each sequence's verify rows to the batch's widest.
             padded: true,
             table: None,
-        }))
+        })
     }
 }
 
@@ -419,11 +431,9 @@ impl Config {
     }
 
     /// `[sv]`'s budget with its acceptance table loaded, for `target`: a table fitted for
-    /// another target is refused. `None` when `[sv]` is off.
-    pub fn sv_budget(&self, target: &ModelFingerprint) -> Result<Option<VerifyBudget>> {
-        let Some(mut budget) = self.sv.verify_budget()? else {
-            return Ok(None);
-        };
+    /// another target is refused.
+    pub fn sv_budget(&self, target: &ModelFingerprint) -> Result<VerifyBudget> {
+        let mut budget = self.sv.budget()?;
         if let Some(path) = &self.sv.table {
             let path = self.base_dir.join(path);
             let table = AcceptanceTable::load(&path).with_context(|| format!("sv.table = {:?}", self.sv.table.as_ref().unwrap()))?;
@@ -435,7 +445,7 @@ impl Config {
                 .context("profile this target with `train-head sv-profile`")?;
             budget.table = Some(table);
         }
-        Ok(Some(budget))
+        Ok(budget)
     }
 
     /// The EAGLE head's folder, resolved against the config file's folder.
@@ -572,7 +582,7 @@ mod tests {
             c.base_dir = dir.path().to_path_buf();
             c
         };
-        let budget = config("t.json").sv_budget(&fingerprint("aaaa")).unwrap().unwrap();
+        let budget = config("t.json").sv_budget(&fingerprint("aaaa")).unwrap();
         assert_eq!(budget.table.unwrap().beta_by_s(0.95), 0.0);
         let err = format!("{:#}", config("t.json").sv_budget(&fingerprint("bbbb")).unwrap_err());
         assert!(err.contains("aaaa.gguf") && err.contains("bbbb.gguf") && err.contains("sv-profile"), "{err}");

@@ -179,7 +179,7 @@ impl LoadedModels {
 
     /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
     pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<EagleProposer>> {
-        self.eagle_proposer_with(config, &config.speculative.eagle_drafting())
+        self.eagle_proposer_with(config, &config.eagle_drafting())
     }
 
     /// [`Self::eagle_proposer`] drafting as `drafting` says (its γ is the engine's).
@@ -195,7 +195,10 @@ impl LoadedModels {
                 .with_min_confidence(drafting.min_confidence)?
                 .with_min_first_confidence(drafting.min_first_confidence)?
                 .with_prefix_cache_bytes(head_rows_kept)
-                .with_verify_budget(config.sv_budget(&self.target_fingerprint)?),
+                .with_verify_budget(match drafting.sv {
+                    true => Some(config.sv_budget(&self.target_fingerprint)?),
+                    false => None,
+                }),
         ))
     }
 

@@ -22,7 +22,7 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use verdict::{
-    config::{Config, ProposerKind},
+    config::{Config, EagleDrafting, ProposerKind},
     engine::{generate, Engine, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::Metrics,
@@ -126,7 +126,8 @@ pub fn profile_sv(config: &Config, plan: &SvProfilePlan) -> Result<SvProfileRepo
     let todo: Vec<usize> = wanted.iter().copied().filter(|i| !done.contains_key(i)).collect();
 
     let models = LoadedModels::load_with_draft(config, false)?;
-    let drafting = config.speculative.eagle_drafting();
+    // Every draft verified: the profile records what the target keeps, not SV's choices.
+    let drafting = EagleDrafting { sv: false, ..config.eagle_drafting() };
     let origin = TableOrigin {
         target: models.target_fingerprint.describe(),
         draft: head.display().to_string(),

@@ -134,21 +134,37 @@ impl SequenceDrafter {
         vocab_size: usize,
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
+        let keep = |c: &[f32]| c.len() == 1 || min_confidence <= 0.0 || c[c.len() - 1] >= min_confidence;
+        self.draft_while(head, embeddings, gamma, &keep, vocab_size, sample)
+    }
+
+    /// Draft up to `gamma` tokens while `keep` accepts the next one, judged by the head's
+    /// confidences: the drafts made so far, then the candidate's, before it is drawn (so
+    /// the choice never depends on the draft itself).
+    pub fn draft_while(
+        &mut self,
+        head: &Eagle3Head,
+        embeddings: &dyn TokenEmbeddings,
+        gamma: usize,
+        keep: &dyn Fn(&[f32]) -> bool,
+        vocab_size: usize,
+        sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
+    ) -> Result<Drafts> {
         let cached = self.cache.len();
         let (mut hidden, mut logits) = self.committed_row()?.clone();
         let mut tokens = Vec::with_capacity(gamma);
         let mut rows = Vec::with_capacity(gamma);
         let mut confidences = Vec::with_capacity(gamma);
         for step in 0..gamma {
-            let confidence = best_probability(&logits)?;
-            if step > 0 && min_confidence > 0.0 && confidence < min_confidence {
+            confidences.push(best_probability(&logits)?);
+            if !keep(&confidences) {
+                confidences.pop();
                 break;
             }
             let row = self.full_vocab_row(head, &logits, vocab_size)?;
             let token = sample(&row.squeeze(0)?)?;
             rows.push(row);
             tokens.push(token);
-            confidences.push(confidence);
             if step + 1 == gamma {
                 break;
             }
@@ -157,11 +173,11 @@ impl SequenceDrafter {
             logits = out.logits;
         }
         self.cache.truncate(cached)?;
-        Ok(Drafts {
-            tokens,
-            logits: Tensor::cat(&rows, 0)?,
-            confidences,
-        })
+        let logits = match rows.is_empty() {
+            true => Tensor::zeros((0, vocab_size), logits.dtype(), logits.device())?,
+            false => Tensor::cat(&rows, 0)?,
+        };
+        Ok(Drafts { tokens, logits, confidences })
     }
 
     /// The probability the head gives its best first draft, before drafting it.

@@ -320,11 +320,17 @@ impl Proposer for EagleProposer {
             (Some(_), 2..) => gamma.min(self.last_verified.load(Ordering::Relaxed).saturating_add(1)),
             _ => gamma,
         };
+        // A sequence verified alone drafts while one more draft pays for its row (SV's
+        // goodput); the confidence cut applies from the second draft on.
+        let alone = drafting_together == 1;
+        let keep = |confidences: &[f32]| {
+            let n = confidences.len();
+            let sure_enough = n == 1 || self.min_confidence <= 0.0 || confidences[n - 1] >= self.min_confidence;
+            sure_enough && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(confidences)))
+        };
         let drafts = live
             .drafter
-            .draft_confident(&self.head, &*self.embeddings, gamma, self.min_confidence, self.vocab_size, &mut |row| {
-                Ok(sample(row)?)
-            })
+            .draft_while(&self.head, &*self.embeddings, gamma, &keep, self.vocab_size, &mut |row| Ok(sample(row)?))
             .map_err(to_candle)?;
         live.confidences = drafts.confidences;
         live.verified = drafts.tokens.len();
@@ -459,15 +465,20 @@ mod tests {
     }
 
     #[test]
-    fn with_a_verify_budget_sequences_drafting_together_draft_one_more_than_was_verified() {
+    fn with_a_verify_budget_sequences_drafting_together_draft_one_more_than_was_verified_and_alone_what_pays() {
         use crate::sv::{latency::VerifyLatency, schedule::GoodputOptions};
         // A verify row as dear as a forward: no draft of a batch pays for its row.
         let budget = VerifyBudget { latency: VerifyLatency::linear(10.0, 10.0), options: GoodputOptions::default(), padded: true, table: None };
         let p = proposers(1).remove(0).with_verify_budget(Some(budget));
         let features = Tensor::randn(0f32, 1.0, (6, 3 * HIDDEN), &Device::Cpu).unwrap();
         observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
-        // Alone, a sequence drafts γ (it verifies all of them: no batched verify).
-        assert_eq!(greedy_drafts(&p, 1).0.len(), 3);
+        // Alone, a sequence drafts while a draft pays for its row: a random head's never does
+        // at 10 ms a row; with rows free, it drafts γ.
+        assert_eq!(greedy_drafts(&p, 1).0.len(), 0);
+        let free_rows = VerifyBudget { latency: VerifyLatency::linear(10.0, 0.0), options: GoodputOptions::default(), padded: true, table: None };
+        let q = proposers(1).remove(0).with_verify_budget(Some(free_rows));
+        observe(&q, 1, &[1, 2, 3, 4, 5], 0, &features);
+        assert_eq!(greedy_drafts(&q, 1).0.len(), 3);
         observe(&p, 2, &[1, 2, 3, 4, 6], 0, &features);
         assert_eq!(greedy_drafts(&p, 1).0.len(), 3, "no batched verify has happened yet");
         assert_eq!(greedy_drafts(&p, 2).0.len(), 3);

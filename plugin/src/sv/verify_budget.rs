@@ -62,6 +62,23 @@ impl VerifyBudget {
     }
 }
 
+impl VerifyBudget {
+    /// For a sequence verified alone (rows 1 + its drafts): whether drafting one more, whose
+    /// confidence is the last of `confidences` (the drafts before it first), raises the
+    /// step's goodput. Drafting stops at the first draft that does not (SV's early stop):
+    /// known before the draft is drawn, so sampling stays exact.
+    pub fn one_more_pays_alone(&self, confidences: &[f32]) -> bool {
+        let drafts = confidences.len();
+        if drafts <= self.options.min_gamma {
+            return true;
+        }
+        let gains = chain_gains(&[confidences.to_vec()], self.table.as_ref()).remove(0);
+        let bonus = if self.options.count_bonus { 1.0 } else { 0.0 };
+        let goodput = |n: usize| (bonus + gains[..n].iter().sum::<f64>()) / (self.options.fixed_ms + self.latency.at(n + 1));
+        goodput(drafts) > goodput(drafts - 1)
+    }
+}
+
 /// Gain of draft i: the chance that drafts 0..=i are all kept, the product of their β (the
 /// table's for each confidence, or the confidence itself).
 fn chain_gains(confidences: &[Vec<f32>], table: Option<&AcceptanceTable>) -> Vec<Vec<f64>> {
@@ -112,6 +129,23 @@ mod tests {
         // Always kept: widths 0..=4 give 2 / 50.3, 4 / 52.7, 6 / 60.0, 8 / 72.1, 10 / 74.0.
         assert_eq!(with(table(true)).lengths(&confidences), vec![4, 4]);
         assert_eq!(with(table(false)).lengths(&confidences), vec![0, 0]);
+    }
+
+    #[test]
+    fn alone_a_draft_pays_when_its_expected_token_costs_less_than_its_row() {
+        // T_v 50 + 10 a row: one draft at β 0.5 gives 1.5 / 70 > 1 / 60; at 0.1, 1.1 / 70 < 1 / 60.
+        let steep = budget(VerifyLatency::linear(50.0, 10.0));
+        assert!(steep.one_more_pays_alone(&[0.5]));
+        assert!(!steep.one_more_pays_alone(&[0.1]));
+        // A second draft at 0.9 after one at 0.5 adds 0.45: 1.95 / 80 > 1.5 / 70.
+        assert!(steep.one_more_pays_alone(&[0.5, 0.9]));
+        // After one at 0.2 it adds 0.18: 1.38 / 80 < 1.2 / 70.
+        assert!(!steep.one_more_pays_alone(&[0.2, 0.9]));
+        // A verify as cheap alone as here (49.1 ms for 1 row, 53.9 for 5) takes unlikely drafts.
+        assert!(budget(measured()).one_more_pays_alone(&[0.9, 0.8, 0.1]));
+        // min_gamma drafts are always made; a table prices by the fitted β.
+        let at_least_one = VerifyBudget { options: GoodputOptions { min_gamma: 1, ..GoodputOptions::default() }, ..steep.clone() };
+        assert!(at_least_one.one_more_pays_alone(&[0.0]));
     }
 
     #[test]
