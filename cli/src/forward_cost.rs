@@ -13,7 +13,7 @@ use verdict::{
     config::{Config, SamplingConfig},
     engine::{generate, Engine, LoadedModels, Prompt},
     judge::JudgeStack,
-    kernels::QuantKernel,
+    kernels::{ForwardThread, QuantKernel},
     metrics::{Counters, Metrics},
     rules::BaseRule,
 };
@@ -21,6 +21,7 @@ use verdict::{
 #[derive(Debug, Serialize)]
 pub struct ForwardCost {
     pub kernel: QuantKernel,
+    pub forward_thread: ForwardThread,
     /// Tokens in the forward.
     pub tokens: usize,
     pub milliseconds: f64,
@@ -32,6 +33,7 @@ pub struct ForwardCost {
 #[derive(Debug, Serialize)]
 pub struct Throughput {
     pub kernel: QuantKernel,
+    pub forward_thread: ForwardThread,
     /// Plain greedy decoding, prompt excluded.
     pub decode_tokens_per_second: f64,
     /// Prompt processing of a few GSM8K-style problems in one prompt (`prompt_tokens` long).
@@ -101,11 +103,13 @@ struct Cell {
 
 /// Decode steps of plain decoding give the 1-token cost; the verify forwards of speculative
 /// engines with γ = m − 1 give the m-token cost (the target scores γ + 1 positions). Every
-/// repeat runs every kernel on the same prompts, so machine noise hits them alike.
+/// repeat runs every kernel with every forward thread on the same prompts, so machine noise
+/// hits them alike.
 pub fn measure(
     config: &Config,
     sizes: &[usize],
     kernels: &[QuantKernel],
+    threads: &[ForwardThread],
     Requests { max_tokens, repeats, context_problems }: Requests,
 ) -> Result<ForwardCostReport> {
     // Kernels are compared on the same weights: blocks, with panels beside them.
@@ -140,18 +144,21 @@ pub fn measure(
             .await?;
             engines.push((m, engine, metrics));
         }
-        let bar = ProgressBar::new((repeats * kernels.len()) as u64).with_style(
+        let variants: Vec<(QuantKernel, ForwardThread)> =
+            kernels.iter().flat_map(|&k| threads.iter().map(move |&t| (k, t))).collect();
+        let bar = ProgressBar::new((repeats * variants.len()) as u64).with_style(
             ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} [{elapsed} < {eta}]")?,
         );
         bar.set_message("forward-cost");
-        let mut decode = vec![Cell::default(); kernels.len()];
-        let mut prompt_cells = vec![Cell::default(); kernels.len()];
-        let mut verify = vec![vec![Cell::default(); engines.len()]; kernels.len()];
+        let mut decode = vec![Cell::default(); variants.len()];
+        let mut prompt_cells = vec![Cell::default(); variants.len()];
+        let mut verify = vec![vec![Cell::default(); engines.len()]; variants.len()];
         let mut prompt_tokens = 0;
         let mut measured_prompt_tokens = 0;
         for _ in 0..repeats {
-            for (ki, kernel) in kernels.iter().enumerate() {
+            for (ki, (kernel, thread)) in variants.iter().enumerate() {
                 kernel.select();
+                thread.select();
                 let g = generate(&plain.mistralrs, &prompt, &sampling).await?;
                 measured_prompt_tokens = g.prompt_tokens;
                 // The first completion token comes from the prompt forward.
@@ -177,10 +184,11 @@ pub fn measure(
         bar.finish_and_clear();
         let mut forwards = Vec::new();
         let mut throughput = Vec::new();
-        for (ki, &kernel) in kernels.iter().enumerate() {
+        for (ki, &(kernel, forward_thread)) in variants.iter().enumerate() {
             let one = 1000.0 * decode[ki].seconds / decode[ki].samples.max(1) as f64;
             forwards.push(ForwardCost {
                 kernel,
+                forward_thread,
                 tokens: 1,
                 milliseconds: one,
                 ratio_to_one: 1.0,
@@ -191,6 +199,7 @@ pub fn measure(
                 let ms = 1000.0 * cell.seconds / cell.samples.max(1) as f64;
                 forwards.push(ForwardCost {
                     kernel,
+                    forward_thread,
                     tokens: *m,
                     milliseconds: ms,
                     ratio_to_one: ms / one,
@@ -199,6 +208,7 @@ pub fn measure(
             }
             throughput.push(Throughput {
                 kernel,
+                forward_thread,
                 decode_tokens_per_second: decode[ki].samples as f64 / decode[ki].seconds,
                 prompt_tokens_per_second: prompt_cells[ki].samples as f64
                     / prompt_cells[ki].seconds,
@@ -212,6 +222,7 @@ pub fn measure(
         })
     });
     initial.select();
+    ForwardThread::ComputePool.select();
     report
 }
 

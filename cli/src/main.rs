@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use verdict::{
     config::{Config, ProposerKind},
     engine::{generate, Engine, LoadedModels, Prompt},
-    kernels::QuantKernel,
+    kernels::{ForwardThread, QuantKernel},
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
 };
@@ -133,6 +133,11 @@ enum Command {
         /// row-invariant (weight-stationary with one row on the multi-row kernels too).
         #[arg(long, value_delimiter = ',', default_value = "stock,weight-stationary")]
         kernels: Vec<QuantKernel>,
+        /// Threads that run the forward, compared with each kernel: pool (a thread of the
+        /// pool the kernels split work over, what verdict runs) and caller (the engine
+        /// thread, as upstream).
+        #[arg(long, value_delimiter = ',', default_value = "pool")]
+        threads: Vec<ForwardThread>,
         /// Tokens generated per request.
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
@@ -272,6 +277,7 @@ fn main() -> Result<()> {
             config,
             tokens,
             kernels,
+            threads,
             max_tokens,
             repeats,
             matmul_repeats,
@@ -280,7 +286,7 @@ fn main() -> Result<()> {
         } => forward_cost_command(
             &Config::load(&config)?,
             tokens,
-            &kernels,
+            (&kernels, &threads),
             forward_cost::Requests { max_tokens, repeats, context_problems },
             matmul_repeats,
             out,
@@ -430,12 +436,13 @@ fn fetch_models(
 fn forward_cost_command(
     config: &Config,
     mut tokens: Vec<usize>,
-    kernels: &[QuantKernel],
+    (kernels, threads): (&[QuantKernel], &[ForwardThread]),
     requests: forward_cost::Requests,
     matmul_repeats: usize,
     out: Option<PathBuf>,
 ) -> Result<()> {
     anyhow::ensure!(!kernels.is_empty(), "--kernels is empty");
+    anyhow::ensure!(!threads.is_empty(), "--threads is empty");
     anyhow::ensure!(requests.repeats > 0, "--repeats must be at least 1");
     if let Some(bad) = tokens.iter().find(|&&m| m == 0 || m > 33) {
         anyhow::bail!("--tokens {bad}: a forward is 1..=33 tokens (γ + 1 with γ <= 32)");
@@ -443,23 +450,23 @@ fn forward_cost_command(
     tokens.push(1);
     tokens.sort_unstable();
     tokens.dedup();
-    let report = forward_cost::measure(config, &tokens, kernels, requests)?;
+    let report = forward_cost::measure(config, &tokens, kernels, threads, requests)?;
     println!("decoding and verifying after a prompt of {} tokens\n", report.measured_prompt_tokens);
-    println!("| kernel | tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|---|");
+    println!("| kernel | thread | tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|---|---|");
     for c in &report.forwards {
         println!(
-            "| {} | {} | {:.1} | {:.2} | {} |",
-            c.kernel, c.tokens, c.milliseconds, c.ratio_to_one, c.samples
+            "| {} | {} | {} | {:.1} | {:.2} | {} |",
+            c.kernel, c.forward_thread, c.tokens, c.milliseconds, c.ratio_to_one, c.samples
         );
     }
     println!(
-        "\n| kernel | decode tok/s | prompt tok/s ({} tokens) |\n|---|---|---|",
+        "\n| kernel | thread | decode tok/s | prompt tok/s ({} tokens) |\n|---|---|---|---|",
         report.throughput.first().map_or(0, |t| t.prompt_tokens)
     );
     for t in &report.throughput {
         println!(
-            "| {} | {:.2} | {:.1} |",
-            t.kernel, t.decode_tokens_per_second, t.prompt_tokens_per_second
+            "| {} | {} | {:.2} | {:.1} |",
+            t.kernel, t.forward_thread, t.decode_tokens_per_second, t.prompt_tokens_per_second
         );
     }
     let matmuls = if matmul_repeats == 0 {

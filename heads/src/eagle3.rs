@@ -242,7 +242,7 @@ impl Eagle3Head {
 
     /// The fused hidden input of a target position: `fc` over the three captured layers.
     pub fn fuse(&self, aux: &Tensor) -> Result<Tensor> {
-        Ok(self.fc.forward(aux)?)
+        crate::on_compute_pool(aux.device(), || Ok(self.fc.forward(aux)?))
     }
 
     /// Run the layer on `t` rows at positions `start..start + t`: `embeds` (t, H) are the
@@ -255,6 +255,11 @@ impl Eagle3Head {
         start: usize,
         cache: &mut HeadCache,
     ) -> Result<HeadOutput> {
+        crate::on_compute_pool(embeds.device(), || self.forward_here(embeds, hidden, start, cache))
+    }
+
+    /// [`Self::forward`] on the calling thread.
+    fn forward_here(&self, embeds: &Tensor, hidden: &Tensor, start: usize, cache: &mut HeadCache) -> Result<HeadOutput> {
         let x = Tensor::cat(
             &[
                 self.input_layernorm.forward(embeds)?,

@@ -5,6 +5,7 @@
 //! models it was made for ([`ModelFingerprint`]), its recommended threshold and its training
 //! report. Loading a head for other models is refused, naming both.
 
+pub mod compute_pool;
 pub mod decoder_layer;
 pub mod eagle1;
 pub mod eagle3;
@@ -16,6 +17,7 @@ pub mod projection;
 #[cfg(test)]
 mod pth_fixture;
 
+pub use compute_pool::on_compute_pool;
 pub use eagle1::{Eagle1Config, Eagle1Head};
 pub use eagle3::{Eagle3Config, Eagle3Head, HeadCache};
 pub use fingerprint::ModelFingerprint;

@@ -83,3 +83,45 @@ impl FromStr for QuantKernel {
         }
     }
 }
+
+/// Which thread runs a CPU forward (mistral.rs patch `0020`): a thread of the rayon pool that
+/// candle's kernels split each op over (what `verdict` runs), or the engine thread that asks
+/// for it, as upstream does, handing every parallel op to the pool and waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardThread {
+    ComputePool,
+    Caller,
+}
+
+impl ForwardThread {
+    /// Switches every later CPU forward of this process's pipelines to this thread.
+    pub fn select(self) {
+        mistralrs_core::hidden_capture::set_forward_on_compute_pool(self == ForwardThread::ComputePool);
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardThread::ComputePool => "pool",
+            ForwardThread::Caller => "caller",
+        }
+    }
+}
+
+impl fmt::Display for ForwardThread {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ForwardThread {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "pool" => Ok(ForwardThread::ComputePool),
+            "caller" => Ok(ForwardThread::Caller),
+            other => anyhow::bail!("unknown forward thread {other:?}: expected \"pool\" or \"caller\""),
+        }
+    }
+}
