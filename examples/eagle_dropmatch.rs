@@ -29,9 +29,7 @@ fn main() -> Result<()> {
         let s = &config.speculative;
         let engine = Engine::with_proposer(&models, head, s.gamma, stack, s.seed, metrics.clone(), 1).await?;
         let answer = generate(&engine.mistralrs, &Prompt::Chat(prompt), &config.sampling).await?;
-        if let Some(rule) = &engine.rule {
-            rule.settle().await;
-        }
+        engine.settle().await;
         println!("{}", answer.text);
         let c = metrics.snapshot();
         println!(

@@ -78,7 +78,7 @@ fn speculative_texts(
                 let g = generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling)
                     .await
                     .unwrap();
-                rule.settle().await;
+                engine.settle().await;
                 texts.push(g.text);
             }
             all.push((base, texts, rule.recorded_steps()));
@@ -209,7 +209,7 @@ fn concurrent_texts(
         let rule = engine.rule.clone().unwrap();
         rule.record_steps();
         let texts = common::answer_concurrently(&engine.mistralrs, prompts, &config.sampling).await;
-        rule.settle().await;
+        engine.settle().await;
         (texts, rule.recorded_steps())
     })
 }
@@ -314,7 +314,7 @@ fn prefix_cache_hits_restore_the_heads_rows_and_stay_under_the_bound() {
         let (mut texts, mut held, mut restored) = (Vec::new(), Vec::new(), Vec::new());
         for (i, p) in prompts.iter().enumerate() {
             texts.push(generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
-            rule.settle().await;
+            engine.settle().await;
             held.push(mistralrs_core::cpu_prefix_cache_bytes());
             restored.push(proposer.restored_rows());
             if i == 0 {

@@ -41,7 +41,7 @@ fn run(models: &LoadedModels, config: &Config, stack: JudgeStack) -> Outcome {
             let g = generate(&engine.mistralrs, &Prompt::Text(p), &config.sampling)
                 .await
                 .unwrap();
-            rule.settle().await;
+            engine.settle().await;
             texts.push(g.text);
         }
         Outcome {

@@ -183,7 +183,7 @@ fn greedy_lossless_speculation_on_quantized_models_is_plain_decoding_for_every_g
                     for (p, expected) in prompts().into_iter().zip(&plain_texts) {
                         let text = generate(&engine.mistralrs, &Prompt::Text(p), &config.sampling).await.unwrap().text;
                         assert_eq!(&text, expected, "{isq}, γ {gamma}, {base:?}: speculative output differs from plain decoding");
-                        rule.settle().await;
+                        engine.settle().await;
                     }
                     for s in rule.recorded_steps().iter().filter(|s| s.drafted > 0 && !s.finished) {
                         kept += s.accepted;

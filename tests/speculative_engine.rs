@@ -79,7 +79,7 @@ fn decode_all_with(
                     .unwrap()
                     .text,
                 );
-                rule.settle().await;
+                engine.settle().await;
             }
             speculative.push((base, texts, rule.recorded_steps()));
         }
@@ -320,11 +320,11 @@ fn a_request_finished_in_its_prompt_step_takes_no_further_step() {
                 .await
                 .unwrap();
             assert_eq!(out.completion_tokens, 3, "{out:?}");
-            rule.settle().await;
+            engine.settle().await;
         }
         // Room for a step that should not happen.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        rule.settle().await;
+        engine.settle().await;
         rule.recorded_steps()
     });
     let mut seqs: Vec<usize> = steps.iter().map(|s| s.seq_id).collect();

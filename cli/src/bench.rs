@@ -486,17 +486,18 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             let (generation, counters) = runtime
                 .block_on(async {
                     match stacks.get(&mode) {
-                        None => Ok::<_, anyhow::Error>((
-                            generate(&plain.mistralrs, &prompt, &config.sampling).await?,
-                            None,
-                        )),
+                        None => {
+                            let generation = generate(&plain.mistralrs, &prompt, &config.sampling).await?;
+                            plain.settle().await;
+                            Ok::<_, anyhow::Error>((generation, None))
+                        }
                         Some(stack) => {
                             let engine = speculative.get(&mode).expect("an engine per speculative mode");
                             engine.rule.as_ref().unwrap().set_stack(stack.clone());
                             let before = metrics.snapshot();
                             let generation =
                                 generate(&engine.mistralrs, &prompt, &config.sampling).await?;
-                            engine.rule.as_ref().unwrap().settle().await;
+                            engine.settle().await;
                             Ok((generation, Some(metrics.snapshot().since(&before))))
                         }
                     }

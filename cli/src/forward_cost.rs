@@ -173,7 +173,7 @@ pub fn measure(
                 for (ei, (_, engine, metrics)) in engines.iter().enumerate() {
                     let before = metrics.snapshot();
                     generate(&engine.mistralrs, &prompt, &sampling).await?;
-                    engine.rule.as_ref().unwrap().settle().await;
+                    engine.settle().await;
                     let (seconds, steps) = verify_delta(&before, &metrics.snapshot());
                     verify[ki][ei].seconds += seconds;
                     verify[ki][ei].samples += steps;

@@ -370,9 +370,7 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
         let engine = build_engine(config, &models, metrics.clone()).await?;
         let prompt = if raw { Prompt::Text(prompt.into()) } else { Prompt::Chat(prompt.into()) };
         let g = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
-        if let Some(rule) = &engine.rule {
-            rule.settle().await;
-        }
+        engine.settle().await;
         println!("{}", g.text);
         let c = metrics.snapshot();
         eprintln!(

@@ -235,9 +235,15 @@ fn check_same_vocabulary(
 }
 
 /// A built mistral.rs engine and, for speculative engines, its accept rule.
+///
+/// Engines built over one [`LoadedModels`] share the target's KV working cache. Use one at
+/// a time, and [`Engine::settle`] it before the next one runs: mistral.rs answers a request
+/// while its last step is still cutting back and moving caches.
 pub struct Engine {
     pub mistralrs: Arc<MistralRs>,
     pub rule: Option<Arc<VerdictRule>>,
+    /// What the engine thread steps; it holds the lock for a whole step.
+    pipeline: SharedPipeline,
 }
 
 /// How an engine schedules requests.
@@ -309,10 +315,22 @@ pub async fn build_mistralrs_with(
 impl Engine {
     /// Plain decoding with the target alone.
     pub async fn plain(models: &LoadedModels, scheduling: impl Into<Scheduling>) -> Self {
+        let pipeline = models.target.clone();
         Self {
-            mistralrs: build_mistralrs(models.target.clone(), scheduling.into()).await,
+            mistralrs: build_mistralrs(pipeline.clone(), scheduling.into()).await,
             rule: None,
+            pipeline,
         }
+    }
+
+    /// Wait until the step that answered the last request has ended and reported: its
+    /// metrics are then recorded, and another engine over the same target may run.
+    pub async fn settle(&self) {
+        if let Some(rule) = &self.rule {
+            rule.settle().await;
+        }
+        // The engine thread holds the pipeline for the whole of a step.
+        drop(self.pipeline.lock().await);
     }
 
     /// Speculative decoding with the draft, γ drafts per step, and `stack` deciding.
@@ -360,10 +378,11 @@ impl Engine {
         build: impl FnOnce(Option<Arc<dyn AcceptRule>>) -> candle_core::Result<SpeculativePipeline>,
     ) -> Result<Self> {
         let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
-        let pipeline = build(Some(rule.clone()))?;
+        let pipeline: SharedPipeline = Arc::new(Mutex::new(build(Some(rule.clone()))?));
         Ok(Self {
-            mistralrs: build_mistralrs(Arc::new(Mutex::new(pipeline)), scheduling).await,
+            mistralrs: build_mistralrs(pipeline.clone(), scheduling).await,
             rule: Some(rule),
+            pipeline,
         })
     }
 }

@@ -49,6 +49,16 @@ pub struct SequenceDrafter {
     last_row: Option<(Tensor, Tensor)>,
 }
 
+/// The confidence cut: the head's best-token probability for the candidate draft (the last
+/// of `confidences`) is at least `min_confidence`. The first draft is always made, and a cut
+/// of 0 keeps everything.
+pub fn sure_enough(confidences: &[f32], min_confidence: f32) -> bool {
+    match confidences {
+        [] | [_] => true,
+        [.., candidate] => min_confidence <= 0.0 || *candidate >= min_confidence,
+    }
+}
+
 impl SequenceDrafter {
     /// A drafter whose cache holds positions `0..cache.len()`, restored from an earlier
     /// sequence with the same prefix; the next commit starts at `cache.len()`.
@@ -134,7 +144,7 @@ impl SequenceDrafter {
         vocab_size: usize,
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
-        let keep = |c: &[f32]| c.len() == 1 || min_confidence <= 0.0 || c[c.len() - 1] >= min_confidence;
+        let keep = |c: &[f32]| sure_enough(c, min_confidence);
         self.draft_while(head, embeddings, gamma, &keep, vocab_size, sample)
     }
 
@@ -218,6 +228,16 @@ mod tests {
 
     const VOCAB: usize = 30;
     const HIDDEN: usize = 16;
+
+    #[test]
+    fn the_confidence_cut_reads_the_candidate_and_spares_the_first_draft() {
+        assert!(sure_enough(&[0.01], 0.5), "the first draft is always made");
+        assert!(sure_enough(&[0.9, 0.5], 0.5), "a candidate at the cut is kept");
+        assert!(!sure_enough(&[0.9, 0.49], 0.5));
+        // Only the candidate counts, not the drafts already made.
+        assert!(sure_enough(&[0.1, 0.2, 0.7], 0.5));
+        assert!(sure_enough(&[0.9, 0.0], 0.0), "a cut of 0 keeps everything");
+    }
 
     /// A random tiny head over a reduced draft vocabulary, and random embeddings.
     fn head_and_embeddings() -> (Eagle3Head, DenseEmbeddings) {

@@ -18,7 +18,7 @@ use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
 pub use super::embeddings::target_embeddings;
 use super::{
-    eagle::{SequenceDrafter, TokenEmbeddings},
+    eagle::{sure_enough, SequenceDrafter, TokenEmbeddings},
     head_prefix_cache::HeadPrefixCache,
 };
 use crate::{models::ModelSource, sv::verify_budget::VerifyBudget};
@@ -324,9 +324,7 @@ impl Proposer for EagleProposer {
         // goodput); the confidence cut applies from the second draft on.
         let alone = drafting_together == 1;
         let keep = |confidences: &[f32]| {
-            let n = confidences.len();
-            let sure_enough = n == 1 || self.min_confidence <= 0.0 || confidences[n - 1] >= self.min_confidence;
-            sure_enough && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(confidences)))
+            sure_enough(confidences, self.min_confidence) && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(confidences)))
         };
         let drafts = live
             .drafter
