@@ -66,7 +66,9 @@ impl Mode {
     /// format (f32, q8_0, q4k), `g<N>` (up to N drafts a step), `c<P>` (stop before a draft
     /// of head probability below P), `s<P>` (draft nothing, decoding one token, when the first
     /// draft's probability is below P), `sv` / `nosv` (SV's goodput with `[sv]`'s T_v
-    /// decides how many drafts are verified, or not): `eagle-q4k-g6-c0.5:exact`,
+    /// decides how many drafts are verified, or not), `learn` / `nolearn` (SV prices drafts
+    /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
+    /// `sv`): `eagle-q4k-g6-c0.5:exact`,
     /// `eagle-sv:exact`. Returns the options' text
     /// ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
@@ -94,6 +96,8 @@ impl Mode {
             let bad = || format!("bench mode {:?}: option {option:?}", self.0);
             if option == "sv" || option == "nosv" {
                 drafting.sv = option == "sv";
+            } else if option == "learn" || option == "nolearn" {
+                drafting.learn_keep_rates = option == "learn";
             } else if let Some(n) = option.strip_prefix('g') {
                 drafting.gamma = n.parse().with_context(bad)?;
                 ensure!((1..=32).contains(&drafting.gamma), "{}: γ must be 1..=32", bad());
@@ -327,11 +331,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
 
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
-    // One proposer (and engine) per way of drafting the modes ask for.
-    let mut eagle: Vec<(EagleDrafting, _)> = Vec::new();
-    for drafting in eagle_drafting.values() {
-        if !eagle.iter().any(|(d, _)| d == drafting) {
-            eagle.push((*drafting, models.eagle_proposer_with(config, drafting)?));
+    // One proposer per way of drafting the modes ask for; a proposer that learns keep
+    // rates serves one mode, since each stack keeps drafts at its own rate.
+    let mut eagle: Vec<(EagleDrafting, Option<Mode>, _)> = Vec::new();
+    for (mode, drafting) in &eagle_drafting {
+        let owner = drafting.learn_keep_rates.then(|| mode.clone());
+        if !eagle.iter().any(|(d, o, _)| d == drafting && *o == owner) {
+            eagle.push((*drafting, owner, models.eagle_proposer_with(config, drafting)?));
         }
     }
     // Every stack is built (heads loaded and checked) before the first run.
@@ -366,7 +372,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         for mode in stacks.keys() {
             let engine = match eagle_drafting.get(mode) {
                 Some(drafting) => {
-                    let proposer = eagle.iter().find(|(d, _)| d == drafting).expect("a proposer per drafting").1.clone();
+                    let owner = drafting.learn_keep_rates.then(|| mode.clone());
+                    let proposer = eagle
+                        .iter()
+                        .find(|(d, o, _)| d == drafting && *o == owner)
+                        .expect("a proposer per drafting")
+                        .2
+                        .clone();
                     Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?
                 }
                 None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?,
@@ -916,7 +928,7 @@ mod tests {
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false };
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
         assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
@@ -928,10 +940,13 @@ mod tests {
         assert!(q4k.is_lossless());
         assert_eq!(
             mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
-            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false }
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false }
         );
         assert!(mode("eagle-sv:exact").eagle_drafting(configured).unwrap().sv);
         assert!(!mode("eagle-nosv:exact").eagle_drafting(EagleDrafting { sv: true, ..configured }).unwrap().sv);
+        assert!(mode("eagle-sv-learn:dropmatch").eagle_drafting(configured).unwrap().learn_keep_rates);
+        let learning = EagleDrafting { learn_keep_rates: true, ..configured };
+        assert!(!mode("eagle-nolearn:exact").eagle_drafting(learning).unwrap().learn_keep_rates);
         let err = format!("{:#}", mode("eagle-q5:exact").eagle_drafting(configured).unwrap_err());
         assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
         for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact", "eagle-s1:exact"] {

@@ -19,6 +19,7 @@ use crate::{
     sv::{
         latency::VerifyLatency,
         schedule::{GoodputOptions, Search},
+        keep_rates::KeepRates,
         table::AcceptanceTable,
         verify_budget::VerifyBudget,
     },
@@ -153,6 +154,9 @@ pub struct EagleDrafting {
     /// SV's goodput decides how many drafts are verified (`[sv]`): a batched verify takes
     /// the drafts worth their rows, a sequence alone drafts while one more pays.
     pub sv: bool,
+    /// With `sv`: SV prices drafts by the keep rates learned while decoding
+    /// (`sv.learn_keep_rates`), not by the head's confidence.
+    pub learn_keep_rates: bool,
 }
 
 impl Config {
@@ -165,6 +169,7 @@ impl Config {
             min_confidence: s.eagle_min_confidence,
             min_first_confidence: s.eagle_min_first_confidence,
             sv: self.sv.enabled,
+            learn_keep_rates: self.sv.learn_keep_rates,
         }
     }
 }
@@ -207,13 +212,38 @@ pub struct SvConfig {
     /// config file): the chance the target keeps a draft of each confidence. Without it,
     /// the head's confidence is taken as that chance.
     pub table: Option<PathBuf>,
+    /// Learn that chance while decoding, from the drafts already verified under the running
+    /// judge stack (a lossy stack keeps more than the target's own choice). Not with `table`.
+    pub learn_keep_rates: bool,
+    /// How many drafts the head's own confidence counts as in each learned bin (default 50).
+    pub keep_rate_prior_weight: Option<f64>,
 }
+
+/// Confidence bins of learned keep rates.
+pub const KEEP_RATE_BINS: usize = 20;
+/// Drafts the head's confidence counts as in each learned bin, unless configured.
+pub const DEFAULT_KEEP_RATE_PRIOR_WEIGHT: f64 = 50.0;
 
 fn yes() -> bool {
     true
 }
 
 impl SvConfig {
+    /// Empty learned keep rates as configured (`learn` asks for them; `sv.table` and
+    /// learning both say what a draft is worth, so they exclude each other).
+    pub fn keep_rates(&self, learn: bool) -> Result<Option<KeepRates>> {
+        if !learn {
+            return Ok(None);
+        }
+        if let Some(table) = &self.table {
+            bail!(
+                "sv.learn_keep_rates and sv.table = {} both give the chance a draft is kept: choose one",
+                table.display()
+            );
+        }
+        KeepRates::new(KEEP_RATE_BINS, self.keep_rate_prior_weight.unwrap_or(DEFAULT_KEEP_RATE_PRIOR_WEIGHT)).map(Some)
+    }
+
     /// The budget the EAGLE proposer applies; `None` when `[sv]` is off.
     pub fn verify_budget(&self) -> Result<Option<VerifyBudget>> {
         match self.enabled {
@@ -557,6 +587,20 @@ mod tests {
     fn unknown_section_is_named() {
         let err = error_of(&format!("{MINIMAL}[speculation]\ngamma = 3\n"));
         assert!(err.contains("unknown field `speculation`"), "{err}");
+    }
+
+    #[test]
+    fn learned_keep_rates_and_an_sv_table_exclude_each_other() {
+        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
+        let sv = |extra: &str| Config::from_toml(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\n{extra}")).unwrap().sv;
+        assert_eq!(sv("").keep_rates(true).unwrap().unwrap(), KeepRates::new(KEEP_RATE_BINS, DEFAULT_KEEP_RATE_PRIOR_WEIGHT).unwrap());
+        assert!(sv("learn_keep_rates = true\n").keep_rates(false).unwrap().is_none());
+        let err = format!("{:#}", sv("table = \"t.json\"\n").keep_rates(true).unwrap_err());
+        assert!(err.contains("sv.table = t.json") && err.contains("learn_keep_rates"), "{err}");
+        let err = format!("{:#}", sv("keep_rate_prior_weight = -2.0\n").keep_rates(true).unwrap_err());
+        assert!(err.contains("sv.keep_rate_prior_weight") && err.contains("-2"), "{err}");
+        let config = Config::from_toml(&format!("{MINIMAL}[sv]\nlearn_keep_rates = true\n")).unwrap();
+        assert!(config.eagle_drafting().learn_keep_rates);
     }
 
     #[test]

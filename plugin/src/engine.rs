@@ -198,7 +198,8 @@ impl LoadedModels {
                 .with_verify_budget(match drafting.sv {
                     true => Some(config.sv_budget(&self.target_fingerprint)?),
                     false => None,
-                }),
+                })
+                .with_keep_rates(config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?),
         ))
     }
 

@@ -21,7 +21,10 @@ use super::{
     eagle::{sure_enough, SequenceDrafter, TokenEmbeddings},
     head_prefix_cache::HeadPrefixCache,
 };
-use crate::{models::ModelSource, sv::verify_budget::VerifyBudget};
+use crate::{
+    models::ModelSource,
+    sv::{keep_rates::KeepRates, verify_budget::VerifyBudget},
+};
 
 pub struct EagleProposer {
     head: Arc<Eagle3Head>,
@@ -47,6 +50,9 @@ pub struct EagleProposer {
     last_verified: AtomicUsize,
     /// Each verified draft's confidence and fate, while recording (`train-head sv-profile`).
     outcomes: Mutex<Option<Vec<DraftOutcome>>>,
+    /// What the running stack keeps of each confidence, learned from every verified draft;
+    /// with `verify_budget`, SV prices drafts by it (`sv.learn_keep_rates`).
+    keep_rates: Option<Mutex<KeepRates>>,
 }
 
 /// What became of one verified draft: the head's confidence before drawing it, its place in
@@ -102,6 +108,7 @@ impl EagleProposer {
             verify_budget: None,
             last_verified: AtomicUsize::new(usize::MAX),
             outcomes: Mutex::new(None),
+            keep_rates: None,
         })
     }
 
@@ -118,6 +125,27 @@ impl EagleProposer {
 
     fn outcome_log(&self) -> MutexGuard<'_, Option<Vec<DraftOutcome>>> {
         self.outcomes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Price drafts for SV by the keep rates learned from verified drafts, starting from
+    /// `rates` (`None`: by the head's confidence, or `sv.table`).
+    pub fn with_keep_rates(mut self, rates: Option<KeepRates>) -> Self {
+        self.keep_rates = rates.map(Mutex::new);
+        self
+    }
+
+    /// The learned keep rates, if learning (for logs and tests).
+    pub fn keep_rates(&self) -> Option<KeepRates> {
+        self.keep_rates.as_ref().map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// What SV reads as each draft's chance of being kept: the learned keep rate of its
+    /// confidence, or the confidence itself.
+    fn priced(&self, confidences: &[f32]) -> Vec<f32> {
+        match &self.keep_rates {
+            Some(rates) => rates.lock().unwrap_or_else(|e| e.into_inner()).keep_rates(confidences),
+            None => confidences.to_vec(),
+        }
     }
 
     /// Let a batched verify take only the drafts worth their rows under load (SV's schedule
@@ -277,9 +305,18 @@ impl Proposer for EagleProposer {
                 })
             }
         };
-        if let Some(log) = self.outcome_log().as_mut() {
-            log.extend(draft_fates(live, features));
+        let mut log = self.outcome_log();
+        if log.is_some() || self.keep_rates.is_some() {
+            let fates = draft_fates(live, features);
+            if let Some(rates) = &self.keep_rates {
+                let mut rates = rates.lock().unwrap_or_else(|e| e.into_inner());
+                fates.iter().for_each(|f| rates.record(f.confidence, f.kept));
+            }
+            if let Some(log) = log.as_mut() {
+                log.extend(fates);
+            }
         }
+        drop(log);
         live.drafts.clear();
         live.drafter
             .commit(
@@ -324,7 +361,8 @@ impl Proposer for EagleProposer {
         // goodput); the confidence cut applies from the second draft on.
         let alone = drafting_together == 1;
         let keep = |confidences: &[f32]| {
-            sure_enough(confidences, self.min_confidence) && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(confidences)))
+            sure_enough(confidences, self.min_confidence)
+                && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(&self.priced(confidences))))
         };
         let drafts = live
             .drafter
@@ -347,7 +385,8 @@ impl Proposer for EagleProposer {
             .map(|(id, &n)| {
                 let known = sequences.get(id).map_or(&[][..], |live| &live.confidences[..]);
                 // A draft the head gave no confidence for is not worth a row.
-                (0..n).map(|i| known.get(i).copied().unwrap_or(0.0)).collect()
+                let confidences: Vec<f32> = (0..n).map(|i| known.get(i).copied().unwrap_or(0.0)).collect();
+                self.priced(&confidences)
             })
             .collect();
         let lengths = budget.lengths(&confidences);
@@ -525,6 +564,39 @@ mod tests {
         observe(&p, 1, &tokens, start, &features);
         assert_eq!(fates(p.take_outcomes()), vec![(0, false)]);
         assert!(p.take_outcomes().is_empty());
+    }
+
+    #[test]
+    fn learned_keep_rates_follow_the_verified_drafts_fates() {
+        let p = proposers(1).remove(0).with_keep_rates(Some(KeepRates::new(20, 1.0).unwrap()));
+        let features = Tensor::randn(0f32, 1.0, (16, 3 * HIDDEN), &Device::Cpu).unwrap();
+        let mut tokens = vec![1, 2, 3, 4, 5];
+        observe(&p, 1, &tokens, 0, &features);
+        assert_eq!(p.keep_rates().unwrap().recorded(), 0, "a prompt forward verifies no draft");
+
+        // Every draft kept: each one's bin now says more than its confidence.
+        let (drafts, _) = greedy_drafts(&p, 1);
+        let confidences = p.sequences()[&1].confidences.clone();
+        let start = tokens.len() - 1;
+        tokens.extend(drafts.iter().copied().chain([7]));
+        observe(&p, 1, &tokens, start, &features);
+        let rates = p.keep_rates().unwrap();
+        assert_eq!(rates.recorded(), 3);
+        for &c in &confidences {
+            assert!(rates.keep_rate(c) > c, "a kept draft of confidence {c} is priced {}", rates.keep_rate(c));
+        }
+        assert_eq!(p.priced(&confidences), rates.keep_rates(&confidences), "SV reads the learned rates");
+        assert!(p.take_outcomes().is_empty(), "learning does not fill the outcome log");
+
+        // The first refused: one more draft reached, none kept.
+        let (drafts, _) = greedy_drafts(&p, 1);
+        let first = p.sequences()[&1].confidences[0];
+        let start = tokens.len() - 1;
+        tokens.push((drafts[0] + 1) % VOCAB as u32);
+        observe(&p, 1, &tokens, start, &features);
+        let after = p.keep_rates().unwrap();
+        assert_eq!(after.recorded(), 4);
+        assert!(after.keep_rate(first) < rates.keep_rate(first));
     }
 
     #[test]

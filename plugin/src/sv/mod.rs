@@ -7,9 +7,11 @@
 //! probability β, fitted on profiling runs ([`table`]), the verify forward's cost T_v(n)
 //! measured on this machine ([`latency`]), and the goodput-greedy choice of how many drafts
 //! each sequence verifies, alone or in a batch ([`schedule`]); [`verify_budget`] runs that choice
-//! in the engine with the EAGLE head's own confidence as β.
+//! in the engine with the EAGLE head's own confidence as β, or with the keep rates the
+//! running judge stack shows for each confidence ([`keep_rates`]).
 
 pub mod indicators;
+pub mod keep_rates;
 pub mod latency;
 pub mod schedule;
 pub mod table;
