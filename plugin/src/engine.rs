@@ -187,6 +187,9 @@ impl LoadedModels {
         let head = config
             .eagle_head()
             .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
+        if drafting.learn_keep_rates && !drafting.sv {
+            tracing::warn!("sv.learn_keep_rates does nothing without SV: set sv.enabled = true (bench option `sv`)");
+        }
         let proposer = EagleProposer::load(&head, drafting.weights, &self.target_source, &self.target_fingerprint)?;
         // The head's rows for cached prefixes, kept while the engine keeps the target's.
         let head_rows_kept = config.server.prefix_cache_bytes().map_or(0, |_| DEFAULT_PREFIX_CACHE_BYTES);
