@@ -928,7 +928,7 @@ mod tests {
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false };
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false, batched: true };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
         assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
@@ -940,7 +940,7 @@ mod tests {
         assert!(q4k.is_lossless());
         assert_eq!(
             mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
-            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false }
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false, batched: true }
         );
         assert!(mode("eagle-sv:exact").eagle_drafting(configured).unwrap().sv);
         assert!(!mode("eagle-nosv:exact").eagle_drafting(EagleDrafting { sv: true, ..configured }).unwrap().sv);

@@ -118,6 +118,15 @@ impl HeadCache {
     }
 }
 
+/// One sequence's rows in a batched call ([`Attention::forward_segments`]): `rows`
+/// consecutive input rows at positions `start..start + rows`, attending to `cache` (which
+/// must hold exactly `start` positions) and appended to it.
+pub struct CacheSegment<'a> {
+    pub start: usize,
+    pub rows: usize,
+    pub cache: &'a mut HeadCache,
+}
+
 /// The midlayer's attention: q/k/v over [normed embedding ⊕ normed hidden] (2H), RoPE.
 pub struct Attention {
     q_proj: Projection,
@@ -170,14 +179,21 @@ impl Attention {
     /// q (heads, t, hd) and k, v (kv heads, t, hd) of `x` (t, 2H) at positions
     /// `start..start + t`, RoPE applied.
     fn project(&self, x: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        let t = x.dim(0)?;
-        let shape = |y: Tensor, heads: usize| -> Result<Tensor> {
+        let (q, k, v) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        self.split_heads(&q, &k, &v, start)
+    }
+
+    /// Projected rows `(t, heads · hd)` split into heads at positions `start..start + t`,
+    /// RoPE applied to q and k.
+    fn split_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let t = q.dim(0)?;
+        let shape = |y: &Tensor, heads: usize| -> Result<Tensor> {
             Ok(y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?)
         };
-        let q = shape(self.q_proj.forward(x)?, self.heads)?;
-        let k = shape(self.k_proj.forward(x)?, self.kv_heads)?;
-        let v = shape(self.v_proj.forward(x)?, self.kv_heads)?;
-        let (cos, sin) = self.rope_tables(start, t, x.device())?;
+        let q = shape(q, self.heads)?;
+        let k = shape(k, self.kv_heads)?;
+        let v = shape(v, self.kv_heads)?;
+        let (cos, sin) = self.rope_tables(start, t, q.device())?;
         let q = candle_nn::rotary_emb::rope_slow(&q, &cos, &sin)?.squeeze(0)?;
         let k = candle_nn::rotary_emb::rope_slow(&k, &cos, &sin)?.squeeze(0)?;
         Ok((q, k, v.squeeze(0)?))
@@ -198,16 +214,49 @@ impl Attention {
 
     /// (heads, t, hd) attention output to the model width.
     fn output(&self, out: &Tensor) -> Result<Tensor> {
+        Ok(self.o_proj.forward(&self.merge_heads(out)?)?)
+    }
+
+    /// (heads, t, hd) to (t, heads · hd), before `o_proj`.
+    fn merge_heads(&self, out: &Tensor) -> Result<Tensor> {
         let t = out.dim(1)?;
-        let out = out.transpose(0, 1)?.reshape((t, self.heads * self.head_dim))?;
-        Ok(self.o_proj.forward(&out)?)
+        Ok(out.transpose(0, 1)?.reshape((t, self.heads * self.head_dim))?)
     }
 
     /// `x`: (t, 2H) at positions `start..start + t`; attends to the cache and causally to
     /// itself, then appends its keys and values to the cache.
     pub fn forward(&self, x: &Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        let (q, k, v) = self.project(x, start)?;
+        let rows = x.dim(0)?;
+        self.forward_segments(x, &mut [CacheSegment { start, rows, cache }])
+    }
+
+    /// [`Self::forward`] for several sequences at once: `x` holds each segment's rows in
+    /// turn. The projections run once over every row (one matmul for all sequences, where
+    /// the cost of drafting is); each segment attends only to its own cache.
+    pub fn forward_segments(&self, x: &Tensor, segments: &mut [CacheSegment<'_>]) -> Result<Tensor> {
+        let n: usize = segments.iter().map(|s| s.rows).sum();
+        ensure!(n == x.dim(0)?, "{} input rows for segments of {n} rows in all", x.dim(0)?);
+        let (q, k, v) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        let mut outs = Vec::with_capacity(segments.len());
+        let mut row = 0;
+        for segment in segments.iter_mut() {
+            let rows = |y: &Tensor| y.narrow(0, row, segment.rows);
+            let (q, k, v) = self.split_heads(&rows(&q)?, &rows(&k)?, &rows(&v)?, segment.start)?;
+            outs.push(self.merge_heads(&self.attend(&q, k, v, segment.start, segment.cache)?)?);
+            row += segment.rows;
+        }
+        let out = match outs.len() {
+            1 => outs.pop().expect("one segment"),
+            _ => Tensor::cat(&outs, 0)?,
+        };
+        Ok(self.o_proj.forward(&out)?)
+    }
+
+    /// Queries `q` (heads, t, hd) at positions `start..start + t` against the cache and
+    /// their own keys `k`, values `v` (kv heads, t, hd), which are appended to the cache:
+    /// (heads, t, hd).
+    fn attend(&self, q: &Tensor, k: Tensor, v: Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
+        let t = q.dim(1)?;
         ensure!(cache.len() == start, "head cache holds {} positions, the input starts at {start}", cache.len());
         let (k, v) = cache.append(k, v)?;
         let total = k.dim(1)?;
@@ -217,11 +266,10 @@ impl Attention {
         let group = self.heads / self.kv_heads;
         let q = q.reshape((self.kv_heads, group * t, self.head_dim))?;
         let scores = (q.matmul(&k.t()?)? * self.scale())?.reshape((self.kv_heads, group, t, total))?;
-        let mask = causal_mask(t, total, start, x.device())?;
+        let mask = causal_mask(t, total, start, q.device())?;
         let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?
             .reshape((self.kv_heads, group * t, total))?;
-        let out = probs.matmul(&v)?.reshape((self.heads, t, self.head_dim))?;
-        self.output(&out)
+        Ok(probs.matmul(&v)?.reshape((self.heads, t, self.head_dim))?)
     }
 
     /// Training-time test, step `j` (EAGLE-3 §2.4 of the training spec): row `i` at position

@@ -142,6 +142,9 @@ pub struct SpeculativeConfig {
     /// draft less than this probability: a one-row verify costs less than a two-row one, so
     /// unlikely first drafts do not pay for theirs. 0 always drafts.
     pub eagle_min_first_confidence: f32,
+    /// The sequences of a batched step draft in one head forward per draft position (and
+    /// take their verified rows in one); false drafts one sequence after another.
+    pub eagle_batched_drafting: bool,
 }
 
 /// How the EAGLE head drafts: its matrices, up to how many drafts a step, and where it stops.
@@ -157,6 +160,8 @@ pub struct EagleDrafting {
     /// With `sv`: SV prices drafts by the keep rates learned while decoding
     /// (`sv.learn_keep_rates`), not by the head's confidence.
     pub learn_keep_rates: bool,
+    /// A batched step's sequences draft in one head forward per draft position.
+    pub batched: bool,
 }
 
 impl Config {
@@ -170,6 +175,7 @@ impl Config {
             min_first_confidence: s.eagle_min_first_confidence,
             sv: self.sv.enabled,
             learn_keep_rates: self.sv.learn_keep_rates,
+            batched: s.eagle_batched_drafting,
         }
     }
 }
@@ -186,6 +192,7 @@ impl Default for SpeculativeConfig {
             eagle_weights: WeightFormat::F32,
             eagle_min_confidence: 0.0,
             eagle_min_first_confidence: 0.0,
+            eagle_batched_drafting: true,
         }
     }
 }

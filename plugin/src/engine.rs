@@ -198,6 +198,7 @@ impl LoadedModels {
                 .with_min_confidence(drafting.min_confidence)?
                 .with_min_first_confidence(drafting.min_first_confidence)?
                 .with_prefix_cache_bytes(head_rows_kept)
+                .with_batched_drafting(drafting.batched)
                 .with_verify_budget(match drafting.sv {
                     true => Some(config.sv_budget(&self.target_fingerprint)?),
                     false => None,

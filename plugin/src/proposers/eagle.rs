@@ -10,7 +10,7 @@
 
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
-use verdict_heads::{Eagle3Head, HeadCache};
+use verdict_heads::{eagle3::CacheSegment, Eagle3Head, HeadCache};
 
 /// The target's input embeddings of tokens (the head shares them, frozen).
 pub trait TokenEmbeddings: Send + Sync {
@@ -95,6 +95,17 @@ impl SequenceDrafter {
     ) -> Result<()> {
         let n = aux.dim(0)?;
         ensure!(n == next_tokens.len(), "{n} feature rows but {} next tokens", next_tokens.len());
+        let Some(from) = self.begin_commit(start, n)? else {
+            return Ok(());
+        };
+        let fused = head.fuse(aux)?;
+        let out = head.forward(&embeddings.embed(next_tokens)?, &fused, from, &mut self.cache)?;
+        self.end_commit(&out.hidden, &out.logits)
+    }
+
+    /// Make room for `n` committed rows from sequence position `start`: forget cached rows
+    /// from there on. Returns the cache position the rows start at, `None` when `n` is 0.
+    fn begin_commit(&mut self, start: usize, n: usize) -> Result<Option<usize>> {
         if self.cache.is_empty() {
             self.offset = start;
         }
@@ -105,14 +116,18 @@ impl SequenceDrafter {
             self.committed_len()
         );
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         self.cache.truncate(start - self.offset)?;
-        let fused = head.fuse(aux)?;
         // The head sees positions counted from its cache's first entry: RoPE only sees
         // relative positions, so the offset changes nothing it computes.
-        let out = head.forward(&embeddings.embed(next_tokens)?, &fused, start - self.offset, &mut self.cache)?;
-        self.last_row = Some((out.hidden.narrow(0, n - 1, 1)?, out.logits.narrow(0, n - 1, 1)?));
+        Ok(Some(start - self.offset))
+    }
+
+    /// Keep the last committed row's output, where the next drafts start.
+    fn end_commit(&mut self, hidden: &Tensor, logits: &Tensor) -> Result<()> {
+        let n = hidden.dim(0)?;
+        self.last_row = Some((hidden.narrow(0, n - 1, 1)?, logits.narrow(0, n - 1, 1)?));
         Ok(())
     }
 
@@ -160,34 +175,41 @@ impl SequenceDrafter {
         vocab_size: usize,
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
-        let cached = self.cache.len();
-        let (mut hidden, mut logits) = self.committed_row()?.clone();
-        let mut tokens = Vec::with_capacity(gamma);
-        let mut rows = Vec::with_capacity(gamma);
-        let mut confidences = Vec::with_capacity(gamma);
-        for step in 0..gamma {
-            confidences.push(best_probability(&logits)?);
-            if !keep(&confidences) {
-                confidences.pop();
-                break;
-            }
-            let row = self.full_vocab_row(head, &logits, vocab_size)?;
-            let token = sample(&row.squeeze(0)?)?;
-            rows.push(row);
-            tokens.push(token);
-            if step + 1 == gamma {
-                break;
-            }
-            let out = head.forward(&embeddings.embed(&[token])?, &hidden, cached + step, &mut self.cache)?;
-            hidden = out.hidden;
-            logits = out.logits;
+        let mut chain = self.start_chain(gamma)?;
+        while let Some(token) = chain.advance(head, keep, vocab_size, sample)? {
+            let out = head.forward(&embeddings.embed(&[token])?, &chain.hidden, chain.next_position(), &mut self.cache)?;
+            chain.take(out.hidden, out.logits);
         }
-        self.cache.truncate(cached)?;
-        let logits = match rows.is_empty() {
-            true => Tensor::zeros((0, vocab_size), logits.dtype(), logits.device())?,
-            false => Tensor::cat(&rows, 0)?,
+        self.finish_chain(chain, vocab_size)
+    }
+
+    /// A chain of at most `gamma` drafts from the last committed row.
+    fn start_chain(&self, gamma: usize) -> Result<DraftChain> {
+        let (hidden, logits) = self.committed_row()?.clone();
+        Ok(DraftChain {
+            cached: self.cache.len(),
+            gamma,
+            hidden,
+            logits,
+            tokens: Vec::with_capacity(gamma),
+            rows: Vec::with_capacity(gamma),
+            confidences: Vec::with_capacity(gamma),
+            done: false,
+        })
+    }
+
+    /// The chain's drafts; the drafted positions leave the cache.
+    fn finish_chain(&mut self, chain: DraftChain, vocab_size: usize) -> Result<Drafts> {
+        self.cache.truncate(chain.cached)?;
+        let logits = match chain.rows.is_empty() {
+            true => Tensor::zeros((0, vocab_size), chain.logits.dtype(), chain.logits.device())?,
+            false => Tensor::cat(&chain.rows, 0)?,
         };
-        Ok(Drafts { tokens, logits, confidences })
+        Ok(Drafts {
+            tokens: chain.tokens,
+            logits,
+            confidences: chain.confidences,
+        })
     }
 
     /// The probability the head gives its best first draft, before drafting it.
@@ -202,14 +224,175 @@ impl SequenceDrafter {
             .context("the head has no committed target features to draft from")
     }
 
-    fn full_vocab_row(&self, head: &Eagle3Head, logits: &Tensor, vocab_size: usize) -> Result<Tensor> {
-        let draft_logits = logits.squeeze(0)?.to_vec1::<f32>()?;
-        let mut full = vec![f32::NEG_INFINITY; vocab_size];
-        for (draft_id, &value) in draft_logits.iter().enumerate() {
-            full[head.target_id(draft_id as u32) as usize] = value;
+}
+
+/// One sequence's draft chain between head forwards: the head's last output, the drafts so
+/// far, and whether the chain stopped.
+pub struct DraftChain {
+    /// Cache length before drafting (drafted positions go after it).
+    cached: usize,
+    gamma: usize,
+    hidden: Tensor,
+    logits: Tensor,
+    tokens: Vec<u32>,
+    rows: Vec<Tensor>,
+    confidences: Vec<f32>,
+    done: bool,
+}
+
+impl DraftChain {
+    /// Draw the next draft if the chain goes on (`keep` accepts its confidence, fewer than
+    /// γ drafted). Returns the draft when the head must run on it for the one after.
+    fn advance(
+        &mut self,
+        head: &Eagle3Head,
+        keep: &dyn Fn(&[f32]) -> bool,
+        vocab_size: usize,
+        sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
+    ) -> Result<Option<u32>> {
+        if self.done || self.tokens.len() == self.gamma {
+            return Ok(None);
         }
-        Ok(Tensor::from_vec(full, (1, vocab_size), logits.device())?)
+        self.confidences.push(best_probability(&self.logits)?);
+        if !keep(&self.confidences) {
+            self.confidences.pop();
+            self.done = true;
+            return Ok(None);
+        }
+        let row = full_vocab_row(head, &self.logits, vocab_size)?;
+        let token = sample(&row.squeeze(0)?)?;
+        self.rows.push(row);
+        self.tokens.push(token);
+        Ok((self.tokens.len() < self.gamma).then_some(token))
     }
+
+    /// The cache position of the head row that reads the newest draft.
+    fn next_position(&self) -> usize {
+        self.cached + self.tokens.len() - 1
+    }
+
+    /// The head's output on the newest draft: where the next one comes from.
+    fn take(&mut self, hidden: Tensor, logits: Tensor) {
+        self.hidden = hidden;
+        self.logits = logits;
+    }
+}
+
+/// [`SequenceDrafter::draft_while`] for several sequences at once: one head forward per
+/// draft position over every chain still going, instead of one per sequence and position.
+/// `drafters[i]` drafts at most `gammas[i]` tokens, each drawn by `samples[i]`.
+pub fn draft_together(
+    head: &Eagle3Head,
+    embeddings: &dyn TokenEmbeddings,
+    drafters: &mut [&mut SequenceDrafter],
+    gammas: &[usize],
+    keep: &dyn Fn(&[f32]) -> bool,
+    vocab_size: usize,
+    samples: &mut [&mut dyn FnMut(&Tensor) -> Result<u32>],
+) -> Result<Vec<Drafts>> {
+    ensure!(
+        drafters.len() == gammas.len() && drafters.len() == samples.len(),
+        "{} drafters, {} γs and {} samplers",
+        drafters.len(),
+        gammas.len(),
+        samples.len()
+    );
+    let mut chains = drafters
+        .iter()
+        .zip(gammas)
+        .map(|(d, &gamma)| d.start_chain(gamma))
+        .collect::<Result<Vec<_>>>()?;
+    loop {
+        let mut fed = Vec::new();
+        for (i, chain) in chains.iter_mut().enumerate() {
+            if let Some(token) = chain.advance(head, keep, vocab_size, &mut *samples[i])? {
+                fed.push((i, token));
+            }
+        }
+        if fed.is_empty() {
+            break;
+        }
+        let tokens: Vec<u32> = fed.iter().map(|&(_, t)| t).collect();
+        let hidden = Tensor::cat(&fed.iter().map(|&(i, _)| &chains[i].hidden).collect::<Vec<_>>(), 0)?;
+        let mut segments: Vec<CacheSegment<'_>> = drafters
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| fed.iter().any(|&(j, _)| j == *i))
+            .map(|(i, d)| CacheSegment {
+                start: chains[i].next_position(),
+                rows: 1,
+                cache: &mut d.cache,
+            })
+            .collect();
+        let out = head.forward_segments(&embeddings.embed(&tokens)?, &hidden, &mut segments)?;
+        for (row, &(i, _)) in fed.iter().enumerate() {
+            chains[i].take(out.hidden.narrow(0, row, 1)?, out.logits.narrow(0, row, 1)?);
+        }
+    }
+    drafters
+        .iter_mut()
+        .zip(chains)
+        .map(|(d, chain)| d.finish_chain(chain, vocab_size))
+        .collect()
+}
+
+/// One sequence's share of [`commit_together`]: what [`SequenceDrafter::commit`] takes.
+pub struct Commit<'a> {
+    pub drafter: &'a mut SequenceDrafter,
+    pub start: usize,
+    pub aux: &'a Tensor,
+    pub next_tokens: &'a [u32],
+}
+
+/// [`SequenceDrafter::commit`] for several sequences in one head forward (one `fc` and one
+/// layer over every committed row), as after a batched verify.
+pub fn commit_together(head: &Eagle3Head, embeddings: &dyn TokenEmbeddings, commits: &mut [Commit<'_>]) -> Result<()> {
+    let mut froms = Vec::with_capacity(commits.len());
+    for c in commits.iter_mut() {
+        let n = c.aux.dim(0)?;
+        ensure!(n == c.next_tokens.len(), "{n} feature rows but {} next tokens", c.next_tokens.len());
+        froms.push(c.drafter.begin_commit(c.start, n)?);
+    }
+    let fed: Vec<usize> = (0..commits.len()).filter(|&i| froms[i].is_some()).collect();
+    if fed.is_empty() {
+        return Ok(());
+    }
+    let aux = Tensor::cat(&fed.iter().map(|&i| commits[i].aux).collect::<Vec<_>>(), 0)?;
+    let tokens: Vec<u32> = fed.iter().flat_map(|&i| commits[i].next_tokens.iter().copied()).collect();
+    let rows: Vec<usize> = fed.iter().map(|&i| commits[i].next_tokens.len()).collect();
+    let fused = head.fuse(&aux)?;
+    let mut segments: Vec<CacheSegment<'_>> = commits
+        .iter_mut()
+        .zip(&froms)
+        .filter_map(|(c, from)| from.map(|start| (c, start)))
+        .zip(&rows)
+        .map(|((c, start), &rows)| CacheSegment {
+            start,
+            rows,
+            cache: &mut c.drafter.cache,
+        })
+        .collect();
+    let out = head.forward_segments(&embeddings.embed(&tokens)?, &fused, &mut segments)?;
+    drop(segments);
+    let mut row = 0;
+    for (&i, &n) in fed.iter().zip(&rows) {
+        commits[i]
+            .drafter
+            .end_commit(&out.hidden.narrow(0, row, n)?, &out.logits.narrow(0, row, n)?)?;
+        row += n;
+    }
+    Ok(())
+}
+
+/// A `(1, draft vocab)` row of head logits over the full target vocabulary (−∞ outside the
+/// draft vocabulary).
+fn full_vocab_row(head: &Eagle3Head, logits: &Tensor, vocab_size: usize) -> Result<Tensor> {
+    let draft_logits = logits.squeeze(0)?.to_vec1::<f32>()?;
+    let mut full = vec![f32::NEG_INFINITY; vocab_size];
+    for (draft_id, &value) in draft_logits.iter().enumerate() {
+        full[head.target_id(draft_id as u32) as usize] = value;
+    }
+    Ok(Tensor::from_vec(full, (1, vocab_size), logits.device())?)
 }
 
 /// The softmax probability of the best entry of a `(1, n)` row of logits.

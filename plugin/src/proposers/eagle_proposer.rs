@@ -11,14 +11,14 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
-use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
+use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
 pub use super::embeddings::target_embeddings;
 use super::{
-    eagle::{sure_enough, SequenceDrafter, TokenEmbeddings},
+    eagle::{commit_together, draft_together, sure_enough, Commit, SequenceDrafter, TokenEmbeddings},
     head_prefix_cache::HeadPrefixCache,
 };
 use crate::{
@@ -53,6 +53,9 @@ pub struct EagleProposer {
     /// What the running stack keeps of each confidence, learned from every verified draft;
     /// with `verify_budget`, SV prices drafts by it (`sv.learn_keep_rates`).
     keep_rates: Option<Mutex<KeepRates>>,
+    /// Sequences of a batched step draft, and take their committed rows, in one head
+    /// forward per draft position (false: one sequence after another, as before batching).
+    batched_drafting: bool,
 }
 
 /// What became of one verified draft: the head's confidence before drawing it, its place in
@@ -109,6 +112,7 @@ impl EagleProposer {
             last_verified: AtomicUsize::new(usize::MAX),
             outcomes: Mutex::new(None),
             keep_rates: None,
+            batched_drafting: true,
         })
     }
 
@@ -125,6 +129,13 @@ impl EagleProposer {
 
     fn outcome_log(&self) -> MutexGuard<'_, Option<Vec<DraftOutcome>>> {
         self.outcomes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Draft for a batched step's sequences in one head forward per draft position (the
+    /// default), or one sequence after another (`false`, for comparing the two).
+    pub fn with_batched_drafting(mut self, batched: bool) -> Self {
+        self.batched_drafting = batched;
+        self
     }
 
     /// Price drafts for SV by the keep rates learned from verified drafts, starting from
@@ -241,6 +252,59 @@ impl EagleProposer {
     pub fn live_sequences(&self) -> usize {
         self.sequences().len()
     }
+
+    /// How many drafts a sequence may make this step: none when the head is unsure of the
+    /// first (`min_first_confidence`); with `[sv]` among others, one more than the last
+    /// batched verify took (so the width grows back when drafts get likelier); else γ.
+    fn gamma_for(&self, live: &LiveSequence, gamma: usize, drafting_together: usize) -> Result<usize> {
+        if self.min_first_confidence > 0.0 && live.drafter.first_draft_confidence()? < self.min_first_confidence {
+            return Ok(0);
+        }
+        Ok(match (&self.verify_budget, drafting_together) {
+            (Some(_), 2..) => gamma.min(self.last_verified.load(Ordering::Relaxed).saturating_add(1)),
+            _ => gamma,
+        })
+    }
+
+    /// Before a sequence takes a verify's features: start its state if it is new, and learn
+    /// (keep rates, outcome log) what became of the drafts that verify judged.
+    fn settle_last_drafts(&self, sequences: &mut HashMap<usize, LiveSequence>, features: &TargetFeatures<'_>) -> Result<()> {
+        let live = match sequences.entry(features.seq_id) {
+            std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(LiveSequence {
+                drafter: self.start_sequence(features)?,
+                tokens: Vec::new(),
+                confidences: Vec::new(),
+                drafts: Vec::new(),
+                verified: 0,
+            }),
+        };
+        let mut log = self.outcome_log();
+        if log.is_some() || self.keep_rates.is_some() {
+            let fates = draft_fates(live, features);
+            if let Some(rates) = &self.keep_rates {
+                let mut rates = rates.lock().unwrap_or_else(|e| e.into_inner());
+                fates.iter().for_each(|f| rates.record(f.confidence, f.kept));
+            }
+            if let Some(log) = log.as_mut() {
+                log.extend(fates);
+            }
+        }
+        live.drafts.clear();
+        Ok(())
+    }
+}
+
+/// The live state of each of `ids`, in that order (each id once).
+fn each_live<'a>(sequences: &'a mut HashMap<usize, LiveSequence>, ids: &[usize]) -> Result<Vec<&'a mut LiveSequence>> {
+    let mut by_id: HashMap<usize, &'a mut LiveSequence> = sequences.iter_mut().map(|(id, live)| (*id, live)).collect();
+    ids.iter()
+        .map(|id| {
+            by_id
+                .remove(id)
+                .with_context(|| format!("EAGLE head: sequence {id} has no target features yet, or was asked for twice"))
+        })
+        .collect()
 }
 
 /// The target layers to capture for fused layer *inputs* `aux` (EAGLE-3's convention): the
@@ -289,47 +353,43 @@ impl Proposer for EagleProposer {
     }
 
     fn observe_target(&self, features: &TargetFeatures<'_>) -> candle_core::Result<()> {
-        let rows = features.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
-        let aux = Tensor::cat(&rows, 1)?;
-        let mut sequences = self.sequences();
-        let live = match sequences.entry(features.seq_id) {
-            std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                let drafter = self.start_sequence(features).map_err(to_candle)?;
-                slot.insert(LiveSequence {
-                    drafter,
-                    tokens: Vec::new(),
-                    confidences: Vec::new(),
-                    drafts: Vec::new(),
-                    verified: 0,
-                })
-            }
-        };
-        let mut log = self.outcome_log();
-        if log.is_some() || self.keep_rates.is_some() {
-            let fates = draft_fates(live, features);
-            if let Some(rates) = &self.keep_rates {
-                let mut rates = rates.lock().unwrap_or_else(|e| e.into_inner());
-                fates.iter().for_each(|f| rates.record(f.confidence, f.kept));
-            }
-            if let Some(log) = log.as_mut() {
-                log.extend(fates);
-            }
+        self.observe_batch(std::slice::from_ref(features))
+    }
+
+    /// Every sequence's committed rows go through the head in one forward.
+    fn observe_batch(&self, features: &[TargetFeatures<'_>]) -> candle_core::Result<()> {
+        if !self.batched_drafting && features.len() > 1 {
+            return features.iter().try_for_each(|f| self.observe_batch(std::slice::from_ref(f)));
         }
-        drop(log);
-        live.drafts.clear();
-        live.drafter
-            .commit(
-                &self.head,
-                &*self.embeddings,
-                features.start,
-                &aux,
-                features.next_tokens,
-            )
-            .with_context(|| format!("EAGLE head, sequence {}", features.seq_id))
+        let aux = features
+            .iter()
+            .map(|f| Tensor::cat(&f.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), 1))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut sequences = self.sequences();
+        for f in features {
+            self.settle_last_drafts(&mut sequences, f).map_err(to_candle)?;
+        }
+        let ids: Vec<usize> = features.iter().map(|f| f.seq_id).collect();
+        let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
+        let mut commits: Vec<Commit<'_>> = lives
+            .iter_mut()
+            .zip(features)
+            .zip(&aux)
+            .map(|((live, f), aux)| Commit {
+                drafter: &mut live.drafter,
+                start: f.start,
+                aux,
+                next_tokens: f.next_tokens,
+            })
+            .collect();
+        commit_together(&self.head, &*self.embeddings, &mut commits)
+            .with_context(|| format!("EAGLE head, sequences {ids:?}"))
             .map_err(to_candle)?;
-        live.tokens.clear();
-        live.tokens.extend_from_slice(features.tokens);
+        drop(commits);
+        for (live, f) in lives.iter_mut().zip(features) {
+            live.tokens.clear();
+            live.tokens.extend_from_slice(f.tokens);
+        }
         Ok(())
     }
 
@@ -339,24 +399,23 @@ impl Proposer for EagleProposer {
         gamma: usize,
         sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
     ) -> candle_core::Result<(Vec<u32>, Tensor)> {
+        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample }])?;
+        Ok(drafted.pop().expect("one request, one answer"))
+    }
+
+    /// Every sequence drafts in one head forward per draft position.
+    fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
+        if !self.batched_drafting && requests.len() > 1 {
+            return requests.iter_mut().map(|r| self.propose(r.seq_id, r.gamma, &mut *r.sample)).collect();
+        }
         let mut sequences = self.sequences();
         let drafting_together = sequences.len();
-        let live = sequences
-            .get_mut(&seq_id)
-            .ok_or_else(|| candle_core::Error::Msg(format!("EAGLE head: sequence {seq_id} has no target features yet")))?;
-        if self.min_first_confidence > 0.0
-            && live.drafter.first_draft_confidence().map_err(to_candle)? < self.min_first_confidence
-        {
-            live.confidences.clear();
-            live.drafts.clear();
-            return Ok((Vec::new(), Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?));
+        let ids: Vec<usize> = requests.iter().map(|r| r.seq_id).collect();
+        let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
+        let mut gammas = Vec::with_capacity(requests.len());
+        for (live, request) in lives.iter().zip(requests.iter()) {
+            gammas.push(self.gamma_for(live, request.gamma, drafting_together).map_err(to_candle)?);
         }
-        // One sequence alone verifies every draft; among others, one more than the last
-        // batched verify took lets the width grow back when drafts get likelier.
-        let gamma = match (&self.verify_budget, drafting_together) {
-            (Some(_), 2..) => gamma.min(self.last_verified.load(Ordering::Relaxed).saturating_add(1)),
-            _ => gamma,
-        };
         // A sequence verified alone drafts while one more draft pays for its row (SV's
         // goodput); the confidence cut applies from the second draft on.
         let alone = drafting_together == 1;
@@ -364,14 +423,34 @@ impl Proposer for EagleProposer {
             sure_enough(confidences, self.min_confidence)
                 && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(&self.priced(confidences))))
         };
-        let drafts = live
-            .drafter
-            .draft_while(&self.head, &*self.embeddings, gamma, &keep, self.vocab_size, &mut |row| Ok(sample(row)?))
-            .map_err(to_candle)?;
-        live.confidences = drafts.confidences;
-        live.verified = drafts.tokens.len();
-        live.drafts.clone_from(&drafts.tokens);
-        Ok((drafts.tokens, drafts.logits))
+        let mut samplers: Vec<Box<dyn FnMut(&Tensor) -> Result<u32> + '_>> = requests
+            .iter_mut()
+            .map(|r| Box::new(move |row: &Tensor| Ok((r.sample)(row)?)) as Box<dyn FnMut(&Tensor) -> Result<u32> + '_>)
+            .collect();
+        let mut samples: Vec<&mut dyn FnMut(&Tensor) -> Result<u32>> = samplers.iter_mut().map(|s| &mut **s as _).collect();
+        let mut drafters: Vec<&mut SequenceDrafter> = lives.iter_mut().map(|l| &mut l.drafter).collect();
+        let drafts = draft_together(
+            &self.head,
+            &*self.embeddings,
+            &mut drafters,
+            &gammas,
+            &keep,
+            self.vocab_size,
+            &mut samples,
+        )
+        .with_context(|| format!("EAGLE head, sequences {ids:?}"))
+        .map_err(to_candle)?;
+        drop(drafters);
+        Ok(lives
+            .into_iter()
+            .zip(drafts)
+            .map(|(live, drafts)| {
+                live.confidences = drafts.confidences;
+                live.verified = drafts.tokens.len();
+                live.drafts.clone_from(&drafts.tokens);
+                (drafts.tokens, drafts.logits)
+            })
+            .collect())
     }
 
     fn verify_lengths(&self, seq_ids: &[usize], drafted: &[usize]) -> Vec<usize> {
@@ -467,6 +546,89 @@ mod tests {
             .propose(seq_id, 3, &mut |row| row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>())
             .unwrap();
         (tokens, logits.flatten_all().unwrap().to_vec1().unwrap())
+    }
+
+    /// The three captured layers of `features` rows `start..start + rows` (one row per
+    /// position, the same whatever the sequence).
+    fn layers_of(features: &Tensor, start: usize, rows: usize) -> Vec<(usize, Tensor)> {
+        (0..3)
+            .map(|l| (l, features.narrow(0, start, rows).unwrap().narrow(1, l * HIDDEN, HIDDEN).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn sequences_drafting_in_one_forward_draft_as_each_alone() {
+        let [together, serial] = <[EagleProposer; 2]>::try_from(proposers(2)).ok().unwrap();
+        let serial = serial.with_batched_drafting(false);
+        let features = Tensor::randn(0f32, 1.0, (24, 3 * HIDDEN), &Device::Cpu).unwrap();
+        let sequences: [Vec<u32>; 3] = [vec![1, 2, 3, 4, 5], vec![7, 8, 9, 10, 11, 12, 13, 14], vec![3, 1, 4]];
+        let greedy = |row: &Tensor| row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>();
+        // Two rounds: the prompts, then each sequence commits a few more positions (as after
+        // a verify: sequences 1 and 2 keep their first draft, sequence 3 none).
+        let mut tokens: Vec<Vec<u32>> = sequences.to_vec();
+        let mut starts = [0, 0, 0];
+        for round in 0..2 {
+            let layers: Vec<Vec<(usize, Tensor)>> = (0..3)
+                .map(|i| layers_of(&features, starts[i], tokens[i].len() - 1 - starts[i]))
+                .collect();
+            let batch: Vec<TargetFeatures<'_>> = (0..3)
+                .map(|i| TargetFeatures {
+                    seq_id: i + 1,
+                    start: starts[i],
+                    layers: &layers[i],
+                    next_tokens: &tokens[i][starts[i] + 1..],
+                    tokens: &tokens[i],
+                })
+                .collect();
+            together.observe_batch(&batch).unwrap();
+            serial.observe_batch(&batch).unwrap();
+            for i in 0..3 {
+                assert_eq!(together.cache_len(i + 1), tokens[i].len() - 1, "round {round}, sequence {}", i + 1);
+                assert_eq!(serial.cache_len(i + 1), tokens[i].len() - 1);
+            }
+            // Up to 1, 3 and 4 drafts: chains that end after different head forwards.
+            let drafted: Vec<Vec<(Vec<u32>, Tensor)>> = [&together, &serial]
+                .iter()
+                .map(|p| {
+                    let mut samplers = [greedy, greedy, greedy];
+                    let mut requests: Vec<DraftRequest<'_>> = samplers
+                        .iter_mut()
+                        .zip([1, 3, 4])
+                        .enumerate()
+                        .map(|(i, (sample, gamma))| DraftRequest { seq_id: i + 1, gamma, sample })
+                        .collect();
+                    p.propose_batch(&mut requests).unwrap()
+                })
+                .collect();
+            for (i, ((a, la), (b, lb))) in drafted[0].iter().zip(&drafted[1]).enumerate() {
+                assert_eq!(a, b, "round {round}, sequence {}", i + 1);
+                assert_eq!(a.len(), [1, 3, 4][i]);
+                let worst = (la - lb).unwrap().abs().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                    .into_iter()
+                    .filter(|d| d.is_finite())
+                    .fold(0f32, f32::max);
+                assert!(worst < 1e-4, "round {round}, sequence {}: logits differ by {worst}", i + 1);
+            }
+            // Drafting leaves every head cache at its committed length.
+            for i in 0..3 {
+                assert_eq!(together.cache_len(i + 1), tokens[i].len() - 1);
+            }
+            // The target keeps the first drafts of sequences 1 and 2 and adds its own token.
+            for i in 0..3 {
+                starts[i] = tokens[i].len() - 1;
+            }
+            for i in 0..2 {
+                let kept = drafted[0][i].0[0];
+                tokens[i].extend([kept, 17 + i as u32]);
+            }
+            tokens[2].push(9);
+        }
+        // A sequence asked for twice in one batch, or one never seen, is refused by name.
+        let mut samplers = [greedy, greedy];
+        let mut requests: Vec<DraftRequest<'_>> =
+            samplers.iter_mut().map(|sample| DraftRequest { seq_id: 9, gamma: 2, sample }).collect();
+        let err = together.propose_batch(&mut requests).unwrap_err().to_string();
+        assert!(err.contains("sequence 9"), "{err}");
     }
 
     #[test]
