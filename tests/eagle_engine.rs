@@ -247,6 +247,7 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
             let mut drafted = BTreeSet::new();
             for batch in 1..=prompts.len() {
                 let verified = mistralrs_core::batched_speculative_verifies();
+                let head_batched = proposer.batched_calls();
                 let (texts, steps) = concurrent_texts(&models, &config, proposer.clone(), &prompts[..batch]);
                 let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv}");
                 if !sv.is_empty() && batch > 1 {
@@ -262,6 +263,8 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
                 let batched = mistralrs_core::batched_speculative_verifies() - verified;
                 if batch > 1 {
                     assert!(batched > 0, "{what}: no step verified several sequences at once");
+                    // The pipeline reaches the head's batched calls through the metrics wrapper.
+                    assert!(proposer.batched_calls() > head_batched, "{what}: the head never drafted for several sequences at once");
                 }
                 drafted.extend(steps.iter().filter(|s| !s.finished).map(|s| s.drafted));
             }

@@ -56,6 +56,9 @@ pub struct EagleProposer {
     /// Sequences of a batched step draft, and take their committed rows, in one head
     /// forward per draft position (false: one sequence after another, as before batching).
     batched_drafting: bool,
+    /// Calls that drafted for, or took the rows of, several sequences in one head forward
+    /// per position.
+    batched_calls: AtomicUsize,
 }
 
 /// What became of one verified draft: the head's confidence before drawing it, its place in
@@ -113,6 +116,7 @@ impl EagleProposer {
             outcomes: Mutex::new(None),
             keep_rates: None,
             batched_drafting: true,
+            batched_calls: AtomicUsize::new(0),
         })
     }
 
@@ -248,6 +252,12 @@ impl EagleProposer {
         }
     }
 
+    /// Draft or observe calls so far that served several sequences in one head forward per
+    /// position (batched steps with `batched_drafting`).
+    pub fn batched_calls(&self) -> usize {
+        self.batched_calls.load(Ordering::Relaxed)
+    }
+
     /// Sequences with drafting state (finished ones are released).
     pub fn live_sequences(&self) -> usize {
         self.sequences().len()
@@ -361,6 +371,9 @@ impl Proposer for EagleProposer {
         if !self.batched_drafting && features.len() > 1 {
             return features.iter().try_for_each(|f| self.observe_batch(std::slice::from_ref(f)));
         }
+        if features.len() > 1 {
+            self.batched_calls.fetch_add(1, Ordering::Relaxed);
+        }
         let aux = features
             .iter()
             .map(|f| Tensor::cat(&f.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), 1))
@@ -407,6 +420,9 @@ impl Proposer for EagleProposer {
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
         if !self.batched_drafting && requests.len() > 1 {
             return requests.iter_mut().map(|r| self.propose(r.seq_id, r.gamma, &mut *r.sample)).collect();
+        }
+        if requests.len() > 1 {
+            self.batched_calls.fetch_add(1, Ordering::Relaxed);
         }
         let mut sequences = self.sequences();
         let drafting_together = sequences.len();
@@ -623,6 +639,7 @@ mod tests {
             }
             tokens[2].push(9);
         }
+        assert_eq!((together.batched_calls(), serial.batched_calls()), (4, 0));
         // A sequence asked for twice in one batch, or one never seen, is refused by name.
         let mut samplers = [greedy, greedy];
         let mut requests: Vec<DraftRequest<'_>> =

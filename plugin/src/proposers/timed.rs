@@ -1,11 +1,12 @@
-//! A proposer wrapper that times `observe_target`: the pipeline times drafting and verify,
-//! but a head's forward over the committed positions runs after the accept rule, outside
-//! both, and is part of what a head-drafted step costs.
+//! A proposer wrapper that times `observe_target` and `observe_batch`: the pipeline times
+//! drafting and verify, but a head's forward over the committed positions runs after the
+//! accept rule, outside both, and is part of what a head-drafted step costs. Every other
+//! call, the batched ones included, goes straight to the wrapped proposer.
 
 use std::{sync::Arc, time::Instant};
 
 use candle_core::{Result, Tensor};
-use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
+use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 
 use crate::metrics::Metrics;
 
@@ -39,6 +40,17 @@ impl Proposer for TimedProposer {
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<(Vec<u32>, Tensor)> {
         self.inner.propose(seq_id, gamma, sample)
+    }
+
+    fn observe_batch(&self, features: &[TargetFeatures<'_>]) -> Result<()> {
+        let start = Instant::now();
+        let out = self.inner.observe_batch(features);
+        self.metrics.record_observe(start.elapsed());
+        out
+    }
+
+    fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {
+        self.inner.propose_batch(requests)
     }
 
     fn verify_lengths(&self, seq_ids: &[usize], drafted: &[usize]) -> Vec<usize> {
