@@ -73,6 +73,10 @@ def speculation(before: dict, after: dict) -> dict:
         # A verify scores the drafts plus one position; the rejected drafts are the waste.
         "verified_per_accepted_token": (drafted + steps) / (accepted + steps),
         "rejected_share_of_verified": (drafted - accepted) / (drafted + steps),
+        # Seconds in the level: drafting, the head taking in verified rows, verify forwards.
+        "draft_seconds": d("draft_seconds_total"),
+        "observe_seconds": d("observe_seconds_total"),
+        "verify_seconds": d("verify_seconds_total"),
     }
 
 
@@ -136,8 +140,8 @@ def main():
     report = json.loads(args.out.read_text()) if args.out and args.out.is_file() else {}
     results = []
     print(f"{args.label}: {len(prompts)} GSM8K test questions, {args.max_tokens} tokens each, greedy")
-    print("| concurrency | tokens | s | tok/s total | vs concurrency 1 | mean latency s | tau | verified / accepted token | rejected share of verified |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| concurrency | tokens | s | tok/s total | vs concurrency 1 | mean latency s | tau | verified / accepted token | rejected share of verified | draft + observe s | verify s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in levels:
         before = scrape(f"{args.url}/metrics")
         level = run_level(client, args.model, prompts, c, args.max_tokens)
@@ -145,9 +149,10 @@ def main():
         results.append(level)
         s = level["speculation"]
         spec = (
-            f"{s['tau']:.2f} | {s['verified_per_accepted_token']:.2f} | {100 * s['rejected_share_of_verified']:.0f} %"
+            f"{s['tau']:.2f} | {s['verified_per_accepted_token']:.2f} | {100 * s['rejected_share_of_verified']:.0f} % | "
+            f"{s['draft_seconds']:.1f} + {s['observe_seconds']:.1f} | {s['verify_seconds']:.1f}"
             if s
-            else "– | – | –"
+            else "– | – | – | – | –"
         )
         print(
             f"| {c} | {level['tokens']} | {level['seconds']:.1f} | {level['tokens_per_second']:.2f} | "

@@ -28,6 +28,9 @@ impl TokenEmbeddings for DenseEmbeddings {
     }
 }
 
+/// Draws a draft from a `[vocab]` row of draft logits (the accept rule's sampler).
+pub type DraftSampler<'a> = dyn FnMut(&Tensor) -> Result<u32> + 'a;
+
 /// γ drafted tokens (target ids) and the head's logits over the full target vocabulary for
 /// each (draft-vocabulary columns; every other token at −∞).
 pub struct Drafts {
@@ -288,7 +291,7 @@ pub fn draft_together(
     gammas: &[usize],
     keep: &dyn Fn(&[f32]) -> bool,
     vocab_size: usize,
-    samples: &mut [&mut dyn FnMut(&Tensor) -> Result<u32>],
+    samples: &mut [&mut DraftSampler<'_>],
 ) -> Result<Vec<Drafts>> {
     ensure!(
         drafters.len() == gammas.len() && drafters.len() == samples.len(),

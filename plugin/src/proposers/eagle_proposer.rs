@@ -18,7 +18,7 @@ use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
 pub use super::embeddings::target_embeddings;
 use super::{
-    eagle::{commit_together, draft_together, sure_enough, Commit, SequenceDrafter, TokenEmbeddings},
+    eagle::{commit_together, draft_together, sure_enough, Commit, DraftSampler, SequenceDrafter, TokenEmbeddings},
     head_prefix_cache::HeadPrefixCache,
 };
 use crate::{
@@ -439,11 +439,11 @@ impl Proposer for EagleProposer {
             sure_enough(confidences, self.min_confidence)
                 && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(&self.priced(confidences))))
         };
-        let mut samplers: Vec<Box<dyn FnMut(&Tensor) -> Result<u32> + '_>> = requests
+        let mut samplers: Vec<Box<DraftSampler<'_>>> = requests
             .iter_mut()
-            .map(|r| Box::new(move |row: &Tensor| Ok((r.sample)(row)?)) as Box<dyn FnMut(&Tensor) -> Result<u32> + '_>)
+            .map(|r| Box::new(move |row: &Tensor| Ok((r.sample)(row)?)) as Box<DraftSampler<'_>>)
             .collect();
-        let mut samples: Vec<&mut dyn FnMut(&Tensor) -> Result<u32>> = samplers.iter_mut().map(|s| &mut **s as _).collect();
+        let mut samples: Vec<&mut DraftSampler<'_>> = samplers.iter_mut().map(|s| &mut **s as _).collect();
         let mut drafters: Vec<&mut SequenceDrafter> = lives.iter_mut().map(|l| &mut l.drafter).collect();
         let drafts = draft_together(
             &self.head,
@@ -598,9 +598,9 @@ mod tests {
                 .collect();
             together.observe_batch(&batch).unwrap();
             serial.observe_batch(&batch).unwrap();
-            for i in 0..3 {
-                assert_eq!(together.cache_len(i + 1), tokens[i].len() - 1, "round {round}, sequence {}", i + 1);
-                assert_eq!(serial.cache_len(i + 1), tokens[i].len() - 1);
+            for (i, t) in tokens.iter().enumerate() {
+                assert_eq!(together.cache_len(i + 1), t.len() - 1, "round {round}, sequence {}", i + 1);
+                assert_eq!(serial.cache_len(i + 1), t.len() - 1);
             }
             // Up to 1, 3 and 4 drafts: chains that end after different head forwards.
             let drafted: Vec<Vec<(Vec<u32>, Tensor)>> = [&together, &serial]
@@ -626,8 +626,8 @@ mod tests {
                 assert!(worst < 1e-4, "round {round}, sequence {}: logits differ by {worst}", i + 1);
             }
             // Drafting leaves every head cache at its committed length.
-            for i in 0..3 {
-                assert_eq!(together.cache_len(i + 1), tokens[i].len() - 1);
+            for (i, t) in tokens.iter().enumerate() {
+                assert_eq!(together.cache_len(i + 1), t.len() - 1);
             }
             // The target keeps the first drafts of sequences 1 and 2 and adds its own token.
             for i in 0..3 {
