@@ -160,6 +160,10 @@ def main():
             flush=True,
         )
     report[args.label] = {"max_tokens": args.max_tokens, "prompts": len(prompts), "levels": results}
+    # Written before comparing, so a mistaken --compare never loses the run.
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"report written to {args.out}")
     if args.compare:
         if args.compare not in report:
             sys.exit(f"--compare {args.compare}: no such label in {args.out}")
@@ -169,9 +173,6 @@ def main():
             if ref is not None:
                 same = sum(a == b for a, b in zip(level["texts"], ref))
                 print(f"concurrency {level['concurrency']}: {same}/{len(ref)} answers identical to {args.compare}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1))
-        print(f"report written to {args.out}")
 
 
 if __name__ == "__main__":
