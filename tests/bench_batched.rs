@@ -1,20 +1,26 @@
-//! `verdict bench --batch`: problems with equal prompt lengths are decoded together, and a
-//! batched accuracy run writes the same answers as decoding one problem at a time.
+//! `verdict bench --batch`: problems are decoded together (consecutive ones with ragged
+//! batches, else those of equal prompt length), plain and EAGLE modes taking turns, and a
+//! batched run writes the same answers as decoding one problem at a time.
 
 mod common;
 
 use std::collections::BTreeMap;
 
 use common::{config, spec, tiny_pair};
-use verdict::tiny_model::TinyArch;
+use verdict::tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID};
 use verdict_cli::{
     bench::{self, BenchOptions, Mode},
     subset::Subset,
 };
 
-fn run(dir: &std::path::Path, batch: usize, out: &str) -> BTreeMap<usize, (String, usize)> {
+/// Each run's (problem, mode) → (text, batch size).
+type Runs = BTreeMap<(usize, String), (String, usize)>;
+
+fn run(dir: &std::path::Path, batch: usize, ragged: bool, modes: &[&str], out: &str) -> Runs {
     let mut config = config(dir, 3, "exact", 12);
-    config.speculative.enabled = false;
+    config.speculative.enabled = modes.iter().any(|m| m.starts_with("eagle"));
+    config.speculative.eagle_head = Some(dir.join("head"));
+    config.server.ragged_batches = ragged;
     let out = dir.join(out);
     bench::run(
         &config,
@@ -22,7 +28,7 @@ fn run(dir: &std::path::Path, batch: usize, out: &str) -> BTreeMap<usize, (Strin
             data_dir: dir.join("gsm8k"),
             split: "test".into(),
             subset: Subset { ids: None, offset: 1, limit: None },
-            modes: vec![Mode::plain()],
+            modes: modes.iter().map(|m| m.parse::<Mode>().unwrap()).collect(),
             out: out.clone(),
             explain_divergences: false,
             batch,
@@ -37,32 +43,76 @@ fn run(dir: &std::path::Path, batch: usize, out: &str) -> BTreeMap<usize, (Strin
         .iter()
         .map(|r| {
             (
-                r["problem"].as_u64().unwrap() as usize,
+                (r["problem"].as_u64().unwrap() as usize, r["mode"].as_str().unwrap().to_string()),
                 (r["text"].as_str().unwrap().to_string(), r["batch_size"].as_u64().unwrap() as usize),
             )
         })
         .collect()
 }
 
-#[test]
-fn batched_accuracy_run_answers_as_one_at_a_time() {
+/// Five problems (problem 0 skipped by the offset; 1, 2 and 4 have prompts of one length,
+/// 3 another), a tiny Qwen2 pair and a random EAGLE head for it.
+fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    tiny_pair(dir.path(), &spec(TinyArch::Qwen2, 5), 0.2);
+    let s = spec(TinyArch::Qwen2, 5);
+    tiny_pair(dir.path(), &s, 0.2);
+    let draft_vocab: Vec<u32> = (FIRST_WORD_ID as u32..FIRST_WORD_ID as u32 + 6).collect();
+    write_tiny_eagle3_head(&s, &dir.path().join("head"), &draft_vocab, [1, 2, 2], 3).unwrap();
     std::fs::create_dir(dir.path().join("gsm8k")).unwrap();
-    // Problem 0 is skipped by the offset; 1, 2 and 4 have prompts of one length, 3 another.
     let questions = ["w1 w2", "w3 w4 w5", "w6 w7 w8", "w9 w10", "w11 w12 w13"];
     let lines: String = questions
         .iter()
         .map(|q| format!("{}\n", serde_json::json!({"question": q, "answer": "x\n#### 1"})))
         .collect();
     std::fs::write(dir.path().join("gsm8k/test.jsonl"), lines).unwrap();
+    dir
+}
 
-    let alone = run(dir.path(), 1, "alone.json");
-    let batched = run(dir.path(), 4, "batched.json");
-    assert_eq!(alone.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
-    let sizes: BTreeMap<usize, usize> = batched.iter().map(|(&p, (_, size))| (p, *size)).collect();
+#[test]
+fn batched_accuracy_run_answers_as_one_at_a_time() {
+    let dir = setup();
+    let alone = run(dir.path(), 1, false, &["plain"], "alone.json");
+    let batched = run(dir.path(), 4, false, &["plain"], "batched.json");
+    let problems: Vec<usize> = alone.keys().map(|(p, _)| *p).collect();
+    assert_eq!(problems, vec![1, 2, 3, 4]);
+    let sizes: BTreeMap<usize, usize> = batched.iter().map(|((p, _), (_, size))| (*p, *size)).collect();
     assert_eq!(sizes, BTreeMap::from([(1, 3), (2, 3), (3, 1), (4, 3)]));
-    for (problem, (text, _)) in &alone {
-        assert_eq!(&batched[problem].0, text, "problem {problem}");
+    for (key, (text, _)) in &alone {
+        assert_eq!(&batched[key].0, text, "problem {key:?}");
     }
+}
+
+#[test]
+fn eagle_modes_batch_with_plain_decoding_and_answer_as_one_at_a_time() {
+    let dir = setup();
+    let alone = run(dir.path(), 1, true, &["plain"], "alone.json");
+    let modes = ["plain", "eagle:exact", "eagle-serial-g2:exact"];
+    let verifies = mistralrs_core::batched_speculative_verifies();
+    let batched = run(dir.path(), 3, true, &modes, "batched.json");
+    assert!(mistralrs_core::batched_speculative_verifies() > verifies, "no step verified several sequences at once");
+    assert_eq!(batched.len(), 4 * modes.len());
+    for ((problem, mode), (text, size)) in &batched {
+        // Ragged batches: consecutive problems, 1..=3 then 4 alone.
+        assert_eq!(*size, if *problem == 4 { 1 } else { 3 }, "problem {problem}, {mode}");
+        assert_eq!(text, &alone[&(*problem, "plain".to_string())].0, "problem {problem}, {mode}");
+    }
+    // Draft-model modes still step one sequence at a time: refused, naming the mode.
+    let mut config = config(dir.path(), 3, "exact", 12);
+    config.speculative.eagle_head = Some(dir.path().join("head"));
+    let err = bench::run(
+        &config,
+        &BenchOptions {
+            data_dir: dir.path().join("gsm8k"),
+            split: "test".into(),
+            subset: Subset { ids: None, offset: 1, limit: None },
+            modes: vec![Mode::plain(), "exact".parse().unwrap()],
+            out: dir.path().join("refused.json"),
+            explain_divergences: false,
+            batch: 2,
+            prefix_cache: false,
+        },
+    )
+    .err()
+    .expect("a draft-model mode with --batch is refused");
+    assert!(format!("{err:#}").contains("mode exact"), "{err:#}");
 }

@@ -123,13 +123,13 @@ fn problem_ids_out_of_range_are_named() {
 }
 
 #[test]
-fn batching_is_refused_for_speculative_modes() {
+fn batching_is_refused_for_draft_model_modes() {
     let (_dir, config, data) = bench_fixture();
     let (ok, text) = verdict(&[
         "bench", "--config", &config, "--data-dir", &data, "--modes", "plain,exact", "--batch", "4",
     ]);
     assert!(!ok);
-    assert!(text.contains("--batch 4") && text.contains("--modes plain"), "{text}");
+    assert!(text.contains("--batch 4") && text.contains("mode exact"), "{text}");
 }
 
 #[test]

@@ -68,7 +68,8 @@ impl Mode {
     /// draft's probability is below P), `sv` / `nosv` (SV's goodput with `[sv]`'s T_v
     /// decides how many drafts are verified, or not), `learn` / `nolearn` (SV prices drafts
     /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
-    /// `sv`): `eagle-q4k-g6-c0.5:exact`,
+    /// `sv`), `serial` / `batched` (with `--batch`: the sequences of a step draft one after
+    /// another, or in one head forward per draft position): `eagle-q4k-g6-c0.5:exact`,
     /// `eagle-sv:exact`. Returns the options' text
     /// ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
@@ -98,6 +99,8 @@ impl Mode {
                 drafting.sv = option == "sv";
             } else if option == "learn" || option == "nolearn" {
                 drafting.learn_keep_rates = option == "learn";
+            } else if option == "serial" || option == "batched" {
+                drafting.batched = option == "batched";
             } else if let Some(n) = option.strip_prefix('g') {
                 drafting.gamma = n.parse().with_context(bad)?;
                 ensure!((1..=32).contains(&drafting.gamma), "{}: γ must be 1..=32", bad());
@@ -140,9 +143,11 @@ pub struct BenchOptions {
     /// Rerun plain decoding where a lossless mode's output differs, to locate and explain
     /// the first differing token (one extra plain generation per such problem).
     pub explain_divergences: bool,
-    /// Plain decoding only: up to this many problems whose prompts have the same token count
-    /// are decoded together (on the CPU mistral.rs 0.8.1 batches only sequences of equal
-    /// length). 1 decodes one problem at a time, as speed comparisons need.
+    /// Up to this many problems are decoded together by plain decoding and EAGLE modes (one
+    /// batched verify for all; draft-model modes are refused), the modes taking turns group
+    /// by group: a load comparison in one process. Groups are consecutive problems with
+    /// `server.ragged_batches`, else problems of equal prompt length (upstream batches only
+    /// those on the CPU). 1 decodes one problem at a time.
     pub batch: usize,
     /// Engines keep finished requests' caches for later ones sharing their prefix (bounded by
     /// `[server] prefix_cache_mb`); every mode's engine has its own.
@@ -303,10 +308,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     if options.batch == 0 {
         bail!("--batch 0: pass at least 1");
     }
-    if options.batch > 1 && options.modes != [Mode::plain()] {
+    if let Some(mode) = options
+        .modes
+        .iter()
+        .find(|m| options.batch > 1 && !m.decodes_plainly() && !m.drafts_with_eagle())
+    {
         bail!(
-            "--batch {} batches plain decoding only: pass --modes plain (speculative steps run one sequence at a time)",
-            options.batch
+            "--batch {}: mode {} drafts with the draft model, whose engines step one sequence at a time; batch plain and eagle: modes only",
+            options.batch,
+            mode.name()
         );
     }
     let needs_draft = options.modes.iter().any(|m| !m.decodes_plainly() && !m.drafts_with_eagle());
@@ -379,7 +389,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         .expect("a proposer per drafting")
                         .2
                         .clone();
-                    Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?
+                    Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?,
             };
@@ -436,46 +446,70 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         let pending: Vec<usize> = selected
             .iter()
             .copied()
-            .filter(|&i| !done.contains(&(i, Mode::plain())))
+            .filter(|&i| options.modes.iter().any(|m| !done.contains(&(i, m.clone()))))
             .collect();
-        let tokenizer = models
-            .target
-            .blocking_lock()
-            .tokenizer()
-            .context("the target has no tokenizer to group prompts by length")?;
-        let mut lengths = Vec::with_capacity(pending.len());
-        for &index in &pending {
-            let prompt = task.prompt(&problems[index]);
-            let encoding = tokenizer
-                .encode(prompt.as_str(), false)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("cannot tokenize problem {index}"))?;
-            lengths.push((index, encoding.len()));
-        }
-        for group in equal_length_batches(&lengths, options.batch) {
-            bar.set_message(format!("{} problems of equal prompt length", group.len()));
-            let started = std::time::Instant::now();
-            let generations = runtime.block_on(async {
-                let mut set = tokio::task::JoinSet::new();
-                for &index in &group {
-                    let engine = plain.mistralrs.clone();
-                    let prompt = Prompt::Chat(task.prompt(&problems[index]));
-                    let sampling = config.sampling.clone();
-                    set.spawn(async move {
-                        (index, generate(&engine, &prompt, &sampling).await)
-                    });
+        let groups = match config.server.ragged_batches {
+            true => pending.chunks(options.batch).map(<[usize]>::to_vec).collect(),
+            false => {
+                let tokenizer = models
+                    .target
+                    .blocking_lock()
+                    .tokenizer()
+                    .context("the target has no tokenizer to group prompts by length")?;
+                let mut lengths = Vec::with_capacity(pending.len());
+                for &index in &pending {
+                    let prompt = task.prompt(&problems[index]);
+                    let encoding = tokenizer
+                        .encode(prompt.as_str(), false)
+                        .map_err(anyhow::Error::msg)
+                        .with_context(|| format!("cannot tokenize problem {index}"))?;
+                    lengths.push((index, encoding.len()));
                 }
-                let mut out = BTreeMap::new();
-                while let Some(joined) = set.join_next().await {
-                    let (index, generation) = joined?;
-                    out.insert(index, generation.with_context(|| format!("problem {index}, plain"))?);
+                equal_length_batches(&lengths, options.batch)
+            }
+        };
+        let n = options.modes.len();
+        for (position, group) in groups.iter().enumerate() {
+            // Modes take turns first, group by group, as the unbatched runs do per problem.
+            for k in 0..n {
+                let mode = &options.modes[(position + k) % n];
+                let todo: Vec<usize> = group.iter().copied().filter(|&i| !done.contains(&(i, mode.clone()))).collect();
+                if todo.is_empty() {
+                    continue;
                 }
-                anyhow::Ok(out)
-            })?;
-            let share = started.elapsed().as_secs_f64() / group.len() as f64;
-            for (index, mut generation) in generations {
-                generation.seconds = share;
-                record(new_run(index, &Mode::plain(), generation, None, group.len()), &mut runs)?;
+                bar.set_message(format!("{} problems at once, {}", todo.len(), mode.name()));
+                let (engine, stack) = match stacks.get(mode) {
+                    None => (&plain, None),
+                    Some(stack) => (speculative.get(mode).expect("an engine per speculative mode"), Some(stack)),
+                };
+                if let Some(stack) = stack {
+                    engine.rule.as_ref().unwrap().set_stack(stack.clone());
+                }
+                let before = metrics.snapshot();
+                let started = std::time::Instant::now();
+                let generations = runtime.block_on(async {
+                    let mut set = tokio::task::JoinSet::new();
+                    for &index in &todo {
+                        let mistralrs = engine.mistralrs.clone();
+                        let prompt = Prompt::Chat(task.prompt(&problems[index]));
+                        let sampling = config.sampling.clone();
+                        set.spawn(async move { (index, generate(&mistralrs, &prompt, &sampling).await) });
+                    }
+                    let mut out = BTreeMap::new();
+                    while let Some(joined) = set.join_next().await {
+                        let (index, generation) = joined?;
+                        out.insert(index, generation.with_context(|| format!("problem {index}, mode {}", mode.name()))?);
+                    }
+                    engine.settle().await;
+                    anyhow::Ok(out)
+                })?;
+                let share = started.elapsed().as_secs_f64() / todo.len() as f64;
+                // The group's counters go with its first run (summaries add them up).
+                let mut counters = stack.map(|_| metrics.snapshot().since(&before));
+                for (index, mut generation) in generations {
+                    generation.seconds = share;
+                    record(new_run(index, mode, generation, counters.take(), todo.len()), &mut runs)?;
+                }
             }
         }
     }
@@ -947,6 +981,9 @@ mod tests {
         assert!(mode("eagle-sv-learn:dropmatch").eagle_drafting(configured).unwrap().learn_keep_rates);
         let learning = EagleDrafting { learn_keep_rates: true, ..configured };
         assert!(!mode("eagle-nolearn:exact").eagle_drafting(learning).unwrap().learn_keep_rates);
+        assert!(!mode("eagle-serial:exact").eagle_drafting(configured).unwrap().batched);
+        let serial = EagleDrafting { batched: false, ..configured };
+        assert!(mode("eagle-batched:exact").eagle_drafting(serial).unwrap().batched);
         let err = format!("{:#}", mode("eagle-q5:exact").eagle_drafting(configured).unwrap_err());
         assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
         for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact", "eagle-s1:exact"] {

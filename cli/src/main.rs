@@ -69,8 +69,10 @@ enum Command {
         /// File with one problem index per line (the index in the split, from 0): run these.
         #[arg(long)]
         ids: Option<PathBuf>,
-        /// Plain decoding only: decode up to N problems with equal prompt lengths together
-        /// (accuracy runs over a whole split; tokens/s is then a batch throughput).
+        /// Decode up to N problems together (plain and eagle: modes; draft-model modes are
+        /// refused), the modes taking turns group by group: a load comparison in one process.
+        /// Groups are consecutive problems with server.ragged_batches, else equal prompt
+        /// lengths. Tokens/s is then a batch throughput.
         #[arg(long, default_value_t = 1)]
         batch: usize,
         /// Comma-separated: plain, exact, rejection, config (the top-level [[judge]] stack),
