@@ -343,12 +343,19 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
     // One proposer per way of drafting the modes ask for; a proposer that learns keep
     // rates serves one mode, since each stack keeps drafts at its own rate.
-    let mut eagle: Vec<(EagleDrafting, Option<Mode>, _)> = Vec::new();
+    let mut built: Vec<((EagleDrafting, Option<Mode>), _)> = Vec::new();
+    let mut eagle_proposers = BTreeMap::new();
     for (mode, drafting) in &eagle_drafting {
-        let owner = drafting.learn_keep_rates.then(|| mode.clone());
-        if !eagle.iter().any(|(d, o, _)| d == drafting && *o == owner) {
-            eagle.push((*drafting, owner, models.eagle_proposer_with(config, drafting)?));
-        }
+        let key = (*drafting, drafting.learn_keep_rates.then(|| mode.clone()));
+        let proposer = match built.iter().find(|(k, _)| *k == key) {
+            Some((_, proposer)) => Arc::clone(proposer),
+            None => {
+                let proposer = models.eagle_proposer_with(config, drafting)?;
+                built.push((key, proposer.clone()));
+                proposer
+            }
+        };
+        eagle_proposers.insert(mode.clone(), proposer);
     }
     // Every stack is built (heads loaded and checked) before the first run.
     let stacks: BTreeMap<Mode, Arc<JudgeStack>> = options
@@ -382,13 +389,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         for mode in stacks.keys() {
             let engine = match eagle_drafting.get(mode) {
                 Some(drafting) => {
-                    let owner = drafting.learn_keep_rates.then(|| mode.clone());
-                    let proposer = eagle
-                        .iter()
-                        .find(|(d, o, _)| d == drafting && *o == owner)
-                        .expect("a proposer per drafting")
-                        .2
-                        .clone();
+                    let proposer = eagle_proposers[mode].clone();
                     Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?,

@@ -96,14 +96,16 @@ impl SequenceDrafter {
         aux: &Tensor,
         next_tokens: &[u32],
     ) -> Result<()> {
-        let n = aux.dim(0)?;
-        ensure!(n == next_tokens.len(), "{n} feature rows but {} next tokens", next_tokens.len());
-        let Some(from) = self.begin_commit(start, n)? else {
-            return Ok(());
-        };
-        let fused = head.fuse(aux)?;
-        let out = head.forward(&embeddings.embed(next_tokens)?, &fused, from, &mut self.cache)?;
-        self.end_commit(&out.hidden, &out.logits)
+        commit_together(
+            head,
+            embeddings,
+            &mut [Commit {
+                drafter: self,
+                start,
+                aux,
+                next_tokens,
+            }],
+        )
     }
 
     /// Make room for `n` committed rows from sequence position `start`: forget cached rows
@@ -178,12 +180,8 @@ impl SequenceDrafter {
         vocab_size: usize,
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
-        let mut chain = self.start_chain(gamma)?;
-        while let Some(token) = chain.advance(head, keep, vocab_size, sample)? {
-            let out = head.forward(&embeddings.embed(&[token])?, &chain.hidden, chain.next_position(), &mut self.cache)?;
-            chain.take(out.hidden, out.logits);
-        }
-        self.finish_chain(chain, vocab_size)
+        let mut drafts = draft_together(head, embeddings, &mut [self], &[gamma], keep, vocab_size, &mut [sample])?;
+        Ok(drafts.pop().expect("one drafter, one chain"))
     }
 
     /// A chain of at most `gamma` drafts from the last committed row.
@@ -226,12 +224,11 @@ impl SequenceDrafter {
             .as_ref()
             .context("the head has no committed target features to draft from")
     }
-
 }
 
 /// One sequence's draft chain between head forwards: the head's last output, the drafts so
 /// far, and whether the chain stopped.
-pub struct DraftChain {
+struct DraftChain {
     /// Cache length before drafting (drafted positions go after it).
     cached: usize,
     gamma: usize,
