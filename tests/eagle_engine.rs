@@ -217,7 +217,8 @@ fn concurrent_texts(
 /// Sequences decoded together by an EAGLE engine are verified in one target forward per
 /// step (mistral.rs patch 0018): rows of different KV lengths, each with its own number of
 /// drafts (a confidence cut drafts 1 to γ; skipped first drafts give none), each judged
-/// and cut back on its own. Every answer equals the plain target's, and after every step
+/// and cut back on its own, its rows packed with the other sequences' or padded. Every
+/// answer equals the plain target's, and after every step
 /// each sequence's target row and head cache hold its committed tokens but the newest.
 #[test]
 fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
@@ -239,17 +240,22 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
         // SV's schedule with a verify row as dear as a whole forward: no draft pays for its
         // row, so batched steps verify none and a sequence alone drafts none.
         let sv = "[sv]\nenabled = true\nverify_ms = [[1, 10.0], [2, 20.0]]\n";
-        for (min_confidence, min_first_confidence, sv) in [(0.4, 0.0, ""), (0.0, 0.5, ""), (0.0, 0.0, sv)] {
+        // Packed: the target's MLPs and LM head run on each sequence's own rows (mistral.rs
+        // 0022); padded: every sequence's rows padded to the widest, as before.
+        let runs = [(0.4, 0.0, "", true), (0.0, 0.5, "", true), (0.0, 0.0, sv, true), (0.4, 0.0, "", false)];
+        for (min_confidence, min_first_confidence, sv, packed) in runs {
             let mut config = Config::from_toml(&format!("{}{sv}", eagle_toml(dir.path(), 3, "f32"))).unwrap();
             config.speculative.eagle_min_confidence = min_confidence;
             config.speculative.eagle_min_first_confidence = min_first_confidence;
+            config.speculative.packed_verify_rows = packed;
             let proposer = models.eagle_proposer(&config).unwrap();
             let mut drafted = BTreeSet::new();
+            let packed_before = mistralrs_core::packed_speculative_verifies();
             for batch in 1..=prompts.len() {
                 let verified = mistralrs_core::batched_speculative_verifies();
                 let head_batched = proposer.batched_calls();
                 let (texts, steps) = concurrent_texts(&models, &config, proposer.clone(), &prompts[..batch]);
-                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv}");
+                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv}, packed {packed}");
                 if !sv.is_empty() && batch > 1 {
                     let undrafted = steps.iter().filter(|s| s.drafted == 0).count();
                     assert!(undrafted > 2 * batch, "{what}: {undrafted} steps verified no draft");
@@ -270,6 +276,13 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
             }
             if sv.is_empty() {
                 assert!(drafted.len() > 1, "{arch:?}: every step drafted {drafted:?} tokens");
+            }
+            if packed && min_confidence > 0.0 {
+                // Drafts of different lengths in one verify: some forwards ran packed. (The
+                // count is the process's: another test's packed verifies could hide a miss
+                // here, not fail it.)
+                let packed_verifies = mistralrs_core::packed_speculative_verifies() - packed_before;
+                assert!(packed_verifies > 0, "{arch:?}: no batched verify fed only each sequence's own rows");
             }
         }
     }

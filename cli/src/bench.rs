@@ -69,7 +69,8 @@ impl Mode {
     /// decides how many drafts are verified, or not), `learn` / `nolearn` (SV prices drafts
     /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
     /// `sv`), `serial` / `batched` (with `--batch`: the sequences of a step draft one after
-    /// another, or in one head forward per draft position): `eagle-q4k-g6-c0.5:exact`,
+    /// another, or in one head forward per draft position), `packed` / `padded` (a batched
+    /// verify feeds each sequence's own rows, or pads them to the widest): `eagle-q4k-g6-c0.5:exact`,
     /// `eagle-sv:exact`. Returns the options' text
     /// ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
@@ -101,6 +102,8 @@ impl Mode {
                 drafting.learn_keep_rates = option == "learn";
             } else if option == "serial" || option == "batched" {
                 drafting.batched = option == "batched";
+            } else if option == "packed" || option == "padded" {
+                drafting.packed = option == "packed";
             } else if let Some(n) = option.strip_prefix('g') {
                 drafting.gamma = n.parse().with_context(bad)?;
                 ensure!((1..=32).contains(&drafting.gamma), "{}: γ must be 1..=32", bad());
@@ -963,7 +966,7 @@ mod tests {
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false, batched: true };
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false, batched: true, packed: true };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
         assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
@@ -975,7 +978,7 @@ mod tests {
         assert!(q4k.is_lossless());
         assert_eq!(
             mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
-            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false, batched: true }
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false, batched: true, packed: true }
         );
         assert!(mode("eagle-sv:exact").eagle_drafting(configured).unwrap().sv);
         assert!(!mode("eagle-nosv:exact").eagle_drafting(EagleDrafting { sv: true, ..configured }).unwrap().sv);
@@ -985,6 +988,9 @@ mod tests {
         assert!(!mode("eagle-serial:exact").eagle_drafting(configured).unwrap().batched);
         let serial = EagleDrafting { batched: false, ..configured };
         assert!(mode("eagle-batched:exact").eagle_drafting(serial).unwrap().batched);
+        assert!(!mode("eagle-padded:exact").eagle_drafting(configured).unwrap().packed);
+        let padded = EagleDrafting { packed: false, ..configured };
+        assert!(mode("eagle-packed:exact").eagle_drafting(padded).unwrap().packed);
         let err = format!("{:#}", mode("eagle-q5:exact").eagle_drafting(configured).unwrap_err());
         assert!(err.contains("eagle-q5:exact") && err.contains("\"q5\""), "{err}");
         for bad in ["eagle-g0:exact", "eagle-gx:exact", "eagle-c1.5:exact", "eagle-s1:exact"] {

@@ -145,6 +145,10 @@ pub struct SpeculativeConfig {
     /// The sequences of a batched step draft in one head forward per draft position (and
     /// take their verified rows in one); false drafts one sequence after another.
     pub eagle_batched_drafting: bool,
+    /// A batched verify runs the target's MLPs and LM head on each sequence's own rows only
+    /// (mistral.rs `0022`, Llama and Qwen2 targets), so SV prices rows one by one; false
+    /// pads every sequence's rows to the widest, and SV chooses one width for the batch.
+    pub packed_verify_rows: bool,
 }
 
 /// How the EAGLE head drafts: its matrices, up to how many drafts a step, and where it stops.
@@ -162,6 +166,8 @@ pub struct EagleDrafting {
     pub learn_keep_rates: bool,
     /// A batched step's sequences draft in one head forward per draft position.
     pub batched: bool,
+    /// A batched verify feeds each sequence's own rows only (`packed_verify_rows`).
+    pub packed: bool,
 }
 
 impl Config {
@@ -176,6 +182,7 @@ impl Config {
             sv: self.sv.enabled,
             learn_keep_rates: self.sv.learn_keep_rates,
             batched: s.eagle_batched_drafting,
+            packed: s.packed_verify_rows,
         }
     }
 }
@@ -193,6 +200,7 @@ impl Default for SpeculativeConfig {
             eagle_min_confidence: 0.0,
             eagle_min_first_confidence: 0.0,
             eagle_batched_drafting: true,
+            packed_verify_rows: true,
         }
     }
 }
@@ -279,7 +287,8 @@ impl SvConfig {
                 min_gamma: self.min_gamma,
                 search: Search::EarlyStop,
             },
-            // mistral.rs patch 0018 pads each sequence's verify rows to the batch's widest.
+            // As mistral.rs 0018 verifies without 0022's packing; the EAGLE proposer sets it
+            // from `speculative.packed_verify_rows`.
             padded: true,
             table: None,
         })

@@ -30,6 +30,7 @@ use crate::{
         eagle_proposer::{EagleProposer, DEFAULT_PREFIX_CACHE_BYTES},
         timed::TimedProposer,
     },
+    sv::verify_budget::VerifyBudget,
 };
 
 pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
@@ -199,8 +200,9 @@ impl LoadedModels {
                 .with_min_first_confidence(drafting.min_first_confidence)?
                 .with_prefix_cache_bytes(head_rows_kept)
                 .with_batched_drafting(drafting.batched)
+                .with_packed_verify_rows(drafting.packed)
                 .with_verify_budget(match drafting.sv {
-                    true => Some(config.sv_budget(&self.target_fingerprint)?),
+                    true => Some(VerifyBudget { padded: !drafting.packed, ..config.sv_budget(&self.target_fingerprint)? }),
                     false => None,
                 })
                 .with_keep_rates(config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?),

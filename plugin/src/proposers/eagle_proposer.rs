@@ -56,6 +56,8 @@ pub struct EagleProposer {
     /// Sequences of a batched step draft, and take their committed rows, in one head
     /// forward per draft position (false: one sequence after another, as before batching).
     batched_drafting: bool,
+    /// A batched verify feeds the target each sequence's own rows only.
+    packed_verify_rows: bool,
     /// Calls that drafted for, or took the rows of, several sequences in one head forward
     /// per position.
     batched_calls: AtomicUsize,
@@ -116,6 +118,7 @@ impl EagleProposer {
             outcomes: Mutex::new(None),
             keep_rates: None,
             batched_drafting: true,
+            packed_verify_rows: true,
             batched_calls: AtomicUsize::new(0),
         })
     }
@@ -139,6 +142,14 @@ impl EagleProposer {
     /// default), or one sequence after another (`false`, for comparing the two).
     pub fn with_batched_drafting(mut self, batched: bool) -> Self {
         self.batched_drafting = batched;
+        self
+    }
+
+    /// Let a batched verify feed the target each sequence's own rows only (the default), or
+    /// pad every sequence's rows to the widest (`false`, for comparing the two). A verify
+    /// budget should price rows the same way ([`VerifyBudget::padded`]).
+    pub fn with_packed_verify_rows(mut self, packed: bool) -> Self {
+        self.packed_verify_rows = packed;
         self
     }
 
@@ -494,6 +505,10 @@ impl Proposer for EagleProposer {
         }
         self.last_verified.store(lengths.iter().copied().max().unwrap_or(0), Ordering::Relaxed);
         lengths
+    }
+
+    fn packs_verify_rows(&self) -> bool {
+        self.packed_verify_rows
     }
 
     fn release(&self, seq_id: usize) {

@@ -57,6 +57,10 @@ impl Proposer for TimedProposer {
         self.inner.verify_lengths(seq_ids, drafted)
     }
 
+    fn packs_verify_rows(&self) -> bool {
+        self.inner.packs_verify_rows()
+    }
+
     fn release(&self, seq_id: usize) {
         self.inner.release(seq_id)
     }
