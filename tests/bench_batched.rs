@@ -1,5 +1,5 @@
 //! `verdict bench --batch`: problems are decoded together (consecutive ones with ragged
-//! batches, else those of equal prompt length), plain and EAGLE modes taking turns, and a
+//! batches, else those of equal prompt length), plain and speculative modes taking turns, and a
 //! batched run writes the same answers as decoding one problem at a time.
 
 mod common;
@@ -82,11 +82,13 @@ fn batched_accuracy_run_answers_as_one_at_a_time() {
     }
 }
 
+/// Draft-model and EAGLE modes decode their groups in batched steps and answer as plain
+/// decoding one problem at a time does.
 #[test]
-fn eagle_modes_batch_with_plain_decoding_and_answer_as_one_at_a_time() {
+fn speculative_modes_batch_with_plain_decoding_and_answer_as_one_at_a_time() {
     let dir = setup();
     let alone = run(dir.path(), 1, true, &["plain"], "alone.json");
-    let modes = ["plain", "eagle:exact", "eagle-serial-g2:exact"];
+    let modes = ["plain", "exact", "eagle:exact", "eagle-serial-g2:exact"];
     let verifies = mistralrs_core::batched_speculative_verifies();
     let batched = run(dir.path(), 3, true, &modes, "batched.json");
     assert!(mistralrs_core::batched_speculative_verifies() > verifies, "no step verified several sequences at once");
@@ -96,23 +98,4 @@ fn eagle_modes_batch_with_plain_decoding_and_answer_as_one_at_a_time() {
         assert_eq!(*size, if *problem == 4 { 1 } else { 3 }, "problem {problem}, {mode}");
         assert_eq!(text, &alone[&(*problem, "plain".to_string())].0, "problem {problem}, {mode}");
     }
-    // Draft-model modes still step one sequence at a time: refused, naming the mode.
-    let mut config = config(dir.path(), 3, "exact", 12);
-    config.speculative.eagle_head = Some(dir.path().join("head"));
-    let err = bench::run(
-        &config,
-        &BenchOptions {
-            data_dir: dir.path().join("gsm8k"),
-            split: "test".into(),
-            subset: Subset { ids: None, offset: 1, limit: None },
-            modes: vec![Mode::plain(), "exact".parse().unwrap()],
-            out: dir.path().join("refused.json"),
-            explain_divergences: false,
-            batch: 2,
-            prefix_cache: false,
-        },
-    )
-    .err()
-    .expect("a draft-model mode with --batch is refused");
-    assert!(format!("{err:#}").contains("mode exact"), "{err:#}");
 }

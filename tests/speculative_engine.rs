@@ -147,6 +147,59 @@ fn kv_caches_hold_every_committed_token_but_the_last() {
     );
 }
 
+/// Sequences decoded together by a draft-model engine draft in one draft forward per draft
+/// position and are verified in one target forward per step: rows of different KV lengths
+/// (the first draft forward feeds one token to some rows and two to those that kept every
+/// draft), each judged and cut back on its own. Every answer equals the plain target's, and
+/// after every step both models' rows hold the sequence's committed tokens but the newest
+/// (the draft one fewer after a step that kept every draft).
+#[test]
+fn batched_draft_model_steps_answer_each_sequence_as_plain_decoding() {
+    for arch in [TinyArch::Qwen2, TinyArch::Llama] {
+        let dir = tempfile::tempdir().unwrap();
+        // A draft close to the target: steps that keep every draft come up for both.
+        tiny_pair(dir.path(), &spec(arch, 11), 0.05);
+        let config = config(dir.path(), GAMMA, "exact", MAX_TOKENS);
+        let models = LoadedModels::load(&config).unwrap();
+        let prompts: Vec<String> = [&[9, 30, 7, 5, 3][..], &[22, 6, 14, 40, 8, 11, 2, 19, 33], &[4, 17, 50], &[1, 2]]
+            .iter()
+            .map(|ids| words(ids))
+            .collect();
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            // The reference decodes one sequence at a time.
+            let plain = Engine::plain(&models, 1).await;
+            let plain = common::answer_concurrently(&plain.mistralrs, &prompts, &config.sampling).await;
+            let (mut partial, mut full) = (0, 0);
+            for batch in 1..=prompts.len() {
+                let engine = Engine::speculative(&models, GAMMA, JudgeStack::lossless(BaseRule::Exact), 0, Arc::new(Metrics::default()), 4)
+                    .await
+                    .unwrap();
+                let rule = engine.rule.clone().unwrap();
+                rule.record_steps();
+                let verified = mistralrs_core::batched_speculative_verifies();
+                let texts = common::answer_concurrently(&engine.mistralrs, &prompts[..batch], &config.sampling).await;
+                engine.settle().await;
+                let what = format!("{arch:?}, {batch} at once");
+                assert_eq!(texts, plain[..batch], "{what}: batched draft-model decoding differs from plain decoding");
+                if batch > 1 {
+                    let batched = mistralrs_core::batched_speculative_verifies() - verified;
+                    assert!(batched > 0, "{what}: no step drafted and verified several sequences at once");
+                }
+                for (i, s) in rule.recorded_steps().iter().enumerate().filter(|(_, s)| !s.finished) {
+                    assert_eq!(s.target_cache_len, s.seq_len - 1, "{what}, step {i}: {s:?}");
+                    let draft_len = if s.accepted == s.drafted { s.seq_len - 2 } else { s.seq_len - 1 };
+                    assert_eq!(s.draft_cache_len, draft_len, "{what}, step {i}: {s:?}");
+                    match s.accepted == s.drafted {
+                        true => full += 1,
+                        false => partial += 1,
+                    }
+                }
+            }
+            assert!(partial > 0 && full > 0, "{arch:?}: {partial} partial and {full} full acceptances");
+        });
+    }
+}
+
 #[test]
 fn greedy_speculative_output_after_prefix_cache_hits_is_plain_output() {
     let dir = tempfile::tempdir().unwrap();

@@ -146,8 +146,8 @@ pub struct BenchOptions {
     /// Rerun plain decoding where a lossless mode's output differs, to locate and explain
     /// the first differing token (one extra plain generation per such problem).
     pub explain_divergences: bool,
-    /// Up to this many problems are decoded together by plain decoding and EAGLE modes (one
-    /// batched verify for all; draft-model modes are refused), the modes taking turns group
+    /// Up to this many problems are decoded together (speculative modes draft for all of them
+    /// in one forward per draft position and verify them in one), the modes taking turns group
     /// by group: a load comparison in one process. Groups are consecutive problems with
     /// `server.ragged_batches`, else problems of equal prompt length (upstream batches only
     /// those on the CPU). 1 decodes one problem at a time.
@@ -311,17 +311,6 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     if options.batch == 0 {
         bail!("--batch 0: pass at least 1");
     }
-    if let Some(mode) = options
-        .modes
-        .iter()
-        .find(|m| options.batch > 1 && !m.decodes_plainly() && !m.drafts_with_eagle())
-    {
-        bail!(
-            "--batch {}: mode {} drafts with the draft model, whose engines step one sequence at a time; batch plain and eagle: modes only",
-            options.batch,
-            mode.name()
-        );
-    }
     let needs_draft = options.modes.iter().any(|m| !m.decodes_plainly() && !m.drafts_with_eagle());
     if needs_draft && config.models.draft.is_none() {
         bail!("speculative modes without the eagle: prefix need models.draft in the config");
@@ -395,7 +384,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     let proposer = eagle_proposers[mode].clone();
                     Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
-                None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(1)).await?,
+                None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?,
             };
             speculative.insert(mode.clone(), engine);
         }

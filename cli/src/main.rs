@@ -69,8 +69,8 @@ enum Command {
         /// File with one problem index per line (the index in the split, from 0): run these.
         #[arg(long)]
         ids: Option<PathBuf>,
-        /// Decode up to N problems together (plain and eagle: modes; draft-model modes are
-        /// refused), the modes taking turns group by group: a load comparison in one process.
+        /// Decode up to N problems together (speculative modes draft and verify the group in
+        /// batched forwards), the modes taking turns group by group: a load comparison in one process.
         /// Groups are consecutive problems with server.ragged_batches, else equal prompt
         /// lengths. Tokens/s is then a batch throughput.
         #[arg(long, default_value_t = 1)]
