@@ -479,6 +479,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     engine.rule.as_ref().unwrap().set_stack(stack.clone());
                 }
                 let before = metrics.snapshot();
+                let verifies_before = mistralrs_core::batched_speculative_verifies();
                 let started = std::time::Instant::now();
                 let generations = runtime.block_on(async {
                     let mut set = tokio::task::JoinSet::new();
@@ -497,6 +498,16 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     anyhow::Ok(out)
                 })?;
                 let share = started.elapsed().as_secs_f64() / todo.len() as f64;
+                if stack.is_some() {
+                    // Whether the group's steps verified its sequences together, or one by one.
+                    tracing::info!(
+                        "{} problems at once, {}: {} batched verifies in {:.1}s",
+                        todo.len(),
+                        mode.name(),
+                        mistralrs_core::batched_speculative_verifies() - verifies_before,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
                 // The group's counters go with its first run (summaries add them up).
                 let mut counters = stack.map(|_| metrics.snapshot().since(&before));
                 for (index, mut generation) in generations {
