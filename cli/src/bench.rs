@@ -497,7 +497,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     engine.settle().await;
                     anyhow::Ok(out)
                 })?;
-                let share = started.elapsed().as_secs_f64() / todo.len() as f64;
+                let elapsed = started.elapsed().as_secs_f64();
+                let share = elapsed / todo.len() as f64;
                 if stack.is_some() {
                     // Whether the group's steps verified its sequences together, or one by one.
                     tracing::info!(
@@ -505,7 +506,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         todo.len(),
                         mode.name(),
                         mistralrs_core::batched_speculative_verifies() - verifies_before,
-                        started.elapsed().as_secs_f64()
+                        elapsed
                     );
                 }
                 // The group's counters go with its first run (summaries add them up).
