@@ -68,7 +68,8 @@ impl Mode {
     /// draft's probability is below P), `sv` / `nosv` (SV's goodput with `[sv]`'s T_v
     /// decides how many drafts are verified, or not), `learn` / `nolearn` (SV prices drafts
     /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
-    /// `sv`), `serial` / `batched` (with `--batch`: the sequences of a step draft one after
+    /// `sv`), `tvlearn` / `tvfixed` (SV's T_v learned from the steps run, starting from
+    /// `sv.verify_ms`, or that table as given), `serial` / `batched` (with `--batch`: the sequences of a step draft one after
     /// another, or in one head forward per draft position), `packed` / `padded` (a batched
     /// verify feeds each sequence's own rows, or pads them to the widest): `eagle-q4k-g6-c0.5:exact`,
     /// `eagle-sv:exact`. Returns the options' text
@@ -100,6 +101,8 @@ impl Mode {
                 drafting.sv = option == "sv";
             } else if option == "learn" || option == "nolearn" {
                 drafting.learn_keep_rates = option == "learn";
+            } else if option == "tvlearn" || option == "tvfixed" {
+                drafting.learn_verify_ms = option == "tvlearn";
             } else if option == "serial" || option == "batched" {
                 drafting.batched = option == "batched";
             } else if option == "packed" || option == "padded" {
@@ -564,6 +567,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         false => Vec::new(),
     };
     let summaries = summarise(&runs, &options.modes);
+    // T_v as each mode's proposer learned it by the end (`tvlearn`), [rows, ms].
+    let learned_verify_ms: BTreeMap<String, Vec<(usize, f64)>> = eagle_proposers
+        .iter()
+        .filter_map(|(mode, p)| Some((mode.name(), p.learned_latency()?.current().points().to_vec())))
+        .collect();
+    for (mode, points) in &learned_verify_ms {
+        let shown: Vec<String> = points.iter().take(8).map(|(n, ms)| format!("{n}: {ms:.1}")).collect();
+        tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", shown.join(", "));
+    }
     let report = serde_json::json!({
         "dataset": "gsm8k",
         "split": options.split,
@@ -578,6 +590,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "prefix_cache_mb": prefix_cache_bytes.map(|b| b >> 20),
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
+        "learned_verify_ms": learned_verify_ms,
         "divergences": divergences,
         "runs": runs,
     });
@@ -967,7 +980,7 @@ mod tests {
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {
         let mode = |s: &str| s.parse::<Mode>().unwrap();
-        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false, batched: true, packed: true };
+        let configured = EagleDrafting { weights: WeightFormat::Q8_0, gamma: 4, min_confidence: 0.0, min_first_confidence: 0.0, sv: false, learn_keep_rates: false, learn_verify_ms: false, batched: true, packed: true };
         assert_eq!(mode("eagle:dropmatch").stack_name(), "dropmatch");
         assert_eq!(mode("eagle:dropmatch").eagle_drafting(configured).unwrap(), configured);
         let q4k = mode("eagle-q4k:exact");
@@ -979,13 +992,16 @@ mod tests {
         assert!(q4k.is_lossless());
         assert_eq!(
             mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
-            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false, batched: true, packed: true }
+            EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false, learn_verify_ms: false, batched: true, packed: true }
         );
         assert!(mode("eagle-sv:exact").eagle_drafting(configured).unwrap().sv);
         assert!(!mode("eagle-nosv:exact").eagle_drafting(EagleDrafting { sv: true, ..configured }).unwrap().sv);
         assert!(mode("eagle-sv-learn:dropmatch").eagle_drafting(configured).unwrap().learn_keep_rates);
         let learning = EagleDrafting { learn_keep_rates: true, ..configured };
         assert!(!mode("eagle-nolearn:exact").eagle_drafting(learning).unwrap().learn_keep_rates);
+        assert!(mode("eagle-sv-tvlearn:exact").eagle_drafting(configured).unwrap().learn_verify_ms);
+        let learning_t_v = EagleDrafting { learn_verify_ms: true, ..configured };
+        assert!(!mode("eagle-tvfixed:exact").eagle_drafting(learning_t_v).unwrap().learn_verify_ms);
         assert!(!mode("eagle-serial:exact").eagle_drafting(configured).unwrap().batched);
         let serial = EagleDrafting { batched: false, ..configured };
         assert!(mode("eagle-batched:exact").eagle_drafting(serial).unwrap().batched);

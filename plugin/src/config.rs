@@ -18,6 +18,7 @@ use crate::{
     rules::BaseRule,
     sv::{
         latency::VerifyLatency,
+        learned_latency::{LearnedLatency, DEFAULT_MEMORY, DEFAULT_PRIOR_WEIGHT},
         schedule::{GoodputOptions, Search},
         keep_rates::KeepRates,
         table::AcceptanceTable,
@@ -164,6 +165,9 @@ pub struct EagleDrafting {
     /// With `sv`: SV prices drafts by the keep rates learned while decoding
     /// (`sv.learn_keep_rates`), not by the head's confidence.
     pub learn_keep_rates: bool,
+    /// With `sv`: SV prices verify rows by T_v learned from this machine's steps
+    /// (`sv.learn_verify_ms`), starting from `sv.verify_ms`.
+    pub learn_verify_ms: bool,
     /// A batched step's sequences draft in one head forward per draft position.
     pub batched: bool,
     /// A batched verify feeds each sequence's own rows only (`packed_verify_rows`).
@@ -181,6 +185,7 @@ impl Config {
             min_first_confidence: s.eagle_min_first_confidence,
             sv: self.sv.enabled,
             learn_keep_rates: self.sv.learn_keep_rates,
+            learn_verify_ms: self.sv.learns_verify_ms(),
             batched: s.eagle_batched_drafting,
             packed: s.packed_verify_rows,
         }
@@ -213,8 +218,12 @@ impl Default for SpeculativeConfig {
 pub struct SvConfig {
     pub enabled: bool,
     /// T_v: `[rows, milliseconds]` of the target's verify forward on this machine, as
-    /// `verdict forward-cost --tokens 1,5,8,16,24,32` measures it.
+    /// `verdict forward-cost --tokens 1,5,8,16,24,32` measures it. With
+    /// `learn_verify_ms`, where learning starts (empty: a generic CPU shape).
     pub verify_ms: Vec<(usize, f64)>,
+    /// Learn T_v from the steps this machine runs, starting from `verify_ms` (default: learn
+    /// when `verify_ms` is empty, else use it as given).
+    pub learn_verify_ms: Option<bool>,
     /// Milliseconds a step costs besides its verify (drafting), added to every T_v.
     pub fixed_ms: f64,
     /// Count the token every verify yields besides the kept drafts in goodput (the knob
@@ -259,6 +268,32 @@ impl SvConfig {
         KeepRates::new(KEEP_RATE_BINS, self.keep_rate_prior_weight.unwrap_or(DEFAULT_KEEP_RATE_PRIOR_WEIGHT)).map(Some)
     }
 
+    /// Whether SV learns T_v while decoding (`learn_verify_ms`, by default when no
+    /// `verify_ms` is given).
+    pub fn learns_verify_ms(&self) -> bool {
+        self.learn_verify_ms.unwrap_or(self.verify_ms.is_empty())
+    }
+
+    /// T_v to learn from, starting at `verify_ms` (or a generic shape), when `learn`.
+    pub fn latency_learner(&self, learn: bool) -> Result<Option<LearnedLatency>> {
+        if !learn {
+            return Ok(None);
+        }
+        Ok(Some(match self.verify_ms.is_empty() {
+            true => LearnedLatency::without_prior(),
+            false => LearnedLatency::new(self.fitted_verify_ms()?, DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY)?,
+        }))
+    }
+
+    fn fitted_verify_ms(&self) -> Result<VerifyLatency> {
+        VerifyLatency::fit(&self.verify_ms).with_context(|| {
+            format!(
+                "sv.verify_ms = {:?}: give [rows, milliseconds] pairs of the verify forward, e.g. from `verdict forward-cost`, or leave it out and set sv.learn_verify_ms = true",
+                self.verify_ms
+            )
+        })
+    }
+
     /// The budget the EAGLE proposer applies; `None` when `[sv]` is off.
     pub fn verify_budget(&self) -> Result<Option<VerifyBudget>> {
         match self.enabled {
@@ -273,12 +308,11 @@ impl SvConfig {
         if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
             bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
         }
-        let latency = VerifyLatency::fit(&self.verify_ms).with_context(|| {
-            format!(
-                "sv.verify_ms = {:?}: give [rows, milliseconds] pairs of the verify forward, e.g. from `verdict forward-cost`",
-                self.verify_ms
-            )
-        })?;
+        // Learning with no table starts from a generic shape, which the proposer replaces.
+        let latency = match self.verify_ms.is_empty() && self.learns_verify_ms() {
+            true => LearnedLatency::without_prior().current().clone(),
+            false => self.fitted_verify_ms()?,
+        };
         Ok(VerifyBudget {
             latency,
             options: GoodputOptions {
@@ -656,8 +690,8 @@ mod tests {
         assert!(Config::from_toml(eagle).unwrap().sv.verify_budget().unwrap().is_none(), "[sv] is off by default");
         let err = error_of(&format!("{MINIMAL}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\n"));
         assert!(err.contains("sv.enabled") && err.contains("proposer = \"eagle\""), "{err}");
-        let err = error_of(&format!("{eagle}[sv]\nenabled = true\n"));
-        assert!(err.contains("sv.verify_ms = []"), "{err}");
+        let err = error_of(&format!("{eagle}[sv]\nenabled = true\nlearn_verify_ms = false\n"));
+        assert!(err.contains("sv.verify_ms = []") && err.contains("learn_verify_ms"), "{err}");
         let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[0, 50.0]]\n"));
         assert!(err.contains("sv.verify_ms") && err.contains("0 rows"), "{err}");
         let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\nfixed_ms = -1\n"));
@@ -666,6 +700,26 @@ mod tests {
         let budget = config.sv.verify_budget().unwrap().unwrap();
         assert!(budget.options.count_bonus && budget.options.min_gamma == 0);
         assert_eq!(budget.latency.at(5), 55.0);
+    }
+
+    #[test]
+    fn sv_learns_t_v_without_a_table_and_from_one_when_asked() {
+        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n[sv]\nenabled = true\n";
+        let sv = |extra: &str| Config::from_toml(&format!("{eagle}{extra}")).unwrap().sv;
+        // No table: learned, from the generic shape.
+        let untabled = sv("");
+        assert!(untabled.learns_verify_ms() && untabled.verify_budget().unwrap().is_some());
+        let learner = untabled.latency_learner(true).unwrap().unwrap();
+        assert_eq!(learner, LearnedLatency::without_prior());
+        assert!(untabled.latency_learner(false).unwrap().is_none(), "bench option tvfixed");
+        // A table is used as given unless learning is asked for; then it is where learning starts.
+        let tabled = sv("verify_ms = [[1, 40.0], [5, 60.0]]\n");
+        assert!(!tabled.learns_verify_ms());
+        let learning = sv("verify_ms = [[1, 40.0], [5, 60.0]]\nlearn_verify_ms = true\n");
+        assert!(learning.learns_verify_ms());
+        assert_eq!(learning.latency_learner(true).unwrap().unwrap().current().at(3), 50.0);
+        let config = Config::from_toml(&format!("{eagle}learn_verify_ms = true\n")).unwrap();
+        assert!(config.eagle_drafting().learn_verify_ms);
     }
 
     #[test]

@@ -205,7 +205,8 @@ impl LoadedModels {
                     true => Some(VerifyBudget { padded: !drafting.packed, ..config.sv_budget(&self.target_fingerprint)? }),
                     false => None,
                 })
-                .with_keep_rates(config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?),
+                .with_keep_rates(config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?)
+                .with_learned_latency(config.sv.latency_learner(drafting.sv && drafting.learn_verify_ms)?),
         ))
     }
 

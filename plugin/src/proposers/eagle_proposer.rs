@@ -8,6 +8,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
     },
+    time::Instant,
 };
 
 use anyhow::{bail, ensure, Context, Result};
@@ -23,7 +24,7 @@ use super::{
 };
 use crate::{
     models::ModelSource,
-    sv::{keep_rates::KeepRates, verify_budget::VerifyBudget},
+    sv::{keep_rates::KeepRates, learned_latency::LearnedLatency, verify_budget::VerifyBudget},
 };
 
 pub struct EagleProposer {
@@ -61,6 +62,11 @@ pub struct EagleProposer {
     /// Calls that drafted for, or took the rows of, several sequences in one head forward
     /// per position.
     batched_calls: AtomicUsize,
+    /// T_v learned from this machine's steps (`sv.learn_verify_ms`): SV prices rows by it
+    /// instead of the budget's own.
+    learned_latency: Option<Mutex<LearnedLatency>>,
+    /// The sequences of the step being drafted and verified, and when its drafting began.
+    step_in_flight: Mutex<Option<(Vec<usize>, Instant)>>,
 }
 
 /// What became of one verified draft: the head's confidence before drawing it, its place in
@@ -120,6 +126,8 @@ impl EagleProposer {
             batched_drafting: true,
             packed_verify_rows: true,
             batched_calls: AtomicUsize::new(0),
+            learned_latency: None,
+            step_in_flight: Mutex::new(None),
         })
     }
 
@@ -179,6 +187,63 @@ impl EagleProposer {
     pub fn with_verify_budget(mut self, budget: Option<VerifyBudget>) -> Self {
         self.verify_budget = budget;
         self
+    }
+
+    /// Price verify rows by T_v learned from the steps run, starting from `latency`
+    /// (`None`: by the verify budget's own T_v).
+    pub fn with_learned_latency(mut self, latency: Option<LearnedLatency>) -> Self {
+        self.learned_latency = latency.map(Mutex::new);
+        self
+    }
+
+    /// T_v as learned so far, if learning (for logs and tests).
+    pub fn learned_latency(&self) -> Option<LearnedLatency> {
+        self.learned_latency.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// The verify budget SV applies now: the configured one, its T_v replaced by the
+    /// learned one when learning.
+    fn budget(&self) -> Option<VerifyBudget> {
+        let budget = self.verify_budget.as_ref()?;
+        Some(match &self.learned_latency {
+            Some(learned) => VerifyBudget {
+                latency: learned.lock().unwrap_or_else(|e| e.into_inner()).current().clone(),
+                ..budget.clone()
+            },
+            None => budget.clone(),
+        })
+    }
+
+    /// With a learned T_v, the step whose drafting begins now is timed until the head
+    /// observes its verify.
+    fn start_step_timing(&self, ids: &[usize]) {
+        if self.learned_latency.is_some() {
+            *self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some((ids.to_vec(), Instant::now()));
+        }
+    }
+
+    /// The verify of the step in flight is being observed: its time, from the start of its
+    /// drafting, is a sample of T_v at the rows it verified. A prompt step, or one whose
+    /// sequences changed (one finished), gives no sample.
+    fn finish_step_timing(&self, sequences: &HashMap<usize, LiveSequence>, features: &[TargetFeatures<'_>]) {
+        let Some(learned) = &self.learned_latency else {
+            return;
+        };
+        let Some((ids, started)) = self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        if ids.len() != features.len() || ids.iter().zip(features).any(|(id, f)| *id != f.seq_id) {
+            return;
+        }
+        let widths: Option<Vec<usize>> = ids.iter().map(|id| sequences.get(id).map(|live| live.verified + 1)).collect();
+        let Some(widths) = widths else {
+            return;
+        };
+        let rows = match self.packed_verify_rows || widths.len() == 1 {
+            true => widths.iter().sum(),
+            false => widths.len() * widths.iter().copied().max().unwrap_or(1),
+        };
+        learned.lock().unwrap_or_else(|e| e.into_inner()).record(rows, started.elapsed().as_secs_f64() * 1e3);
     }
 
     /// Keep at most `bytes` of finished sequences' head caches (0: keep none).
@@ -314,6 +379,94 @@ impl EagleProposer {
         live.drafts.clear();
         Ok(())
     }
+
+    /// Every sequence's committed rows go through the head in one forward.
+    fn commit_rows(&self, features: &[TargetFeatures<'_>]) -> candle_core::Result<()> {
+        if features.len() > 1 {
+            self.batched_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let aux = features
+            .iter()
+            .map(|f| Tensor::cat(&f.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), 1))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut sequences = self.sequences();
+        for f in features {
+            self.settle_last_drafts(&mut sequences, f).map_err(to_candle)?;
+        }
+        let ids: Vec<usize> = features.iter().map(|f| f.seq_id).collect();
+        let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
+        let mut commits: Vec<Commit<'_>> = lives
+            .iter_mut()
+            .zip(features)
+            .zip(&aux)
+            .map(|((live, f), aux)| Commit {
+                drafter: &mut live.drafter,
+                start: f.start,
+                aux,
+                next_tokens: f.next_tokens,
+            })
+            .collect();
+        commit_together(&self.head, &*self.embeddings, &mut commits)
+            .with_context(|| format!("EAGLE head, sequences {ids:?}"))
+            .map_err(to_candle)?;
+        drop(commits);
+        for (live, f) in lives.iter_mut().zip(features) {
+            live.tokens.clear();
+            live.tokens.extend_from_slice(f.tokens);
+        }
+        Ok(())
+    }
+
+    /// Every sequence drafts in one head forward per draft position.
+    fn draft(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
+        if requests.len() > 1 {
+            self.batched_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut sequences = self.sequences();
+        let drafting_together = sequences.len();
+        let ids: Vec<usize> = requests.iter().map(|r| r.seq_id).collect();
+        let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
+        let mut gammas = Vec::with_capacity(requests.len());
+        for (live, request) in lives.iter().zip(requests.iter()) {
+            gammas.push(self.gamma_for(live, request.gamma, drafting_together).map_err(to_candle)?);
+        }
+        // A sequence verified alone drafts while one more draft pays for its row (SV's
+        // goodput); the confidence cut applies from the second draft on.
+        let alone = drafting_together == 1;
+        let budget = self.budget();
+        let keep = |confidences: &[f32]| {
+            sure_enough(confidences, self.min_confidence)
+                && (!alone || budget.as_ref().is_none_or(|b| b.one_more_pays_alone(&self.priced(confidences))))
+        };
+        let mut samplers: Vec<Box<DraftSampler<'_>>> = requests
+            .iter_mut()
+            .map(|r| Box::new(move |row: &Tensor| Ok((r.sample)(row)?)) as Box<DraftSampler<'_>>)
+            .collect();
+        let mut samples: Vec<&mut DraftSampler<'_>> = samplers.iter_mut().map(|s| &mut **s as _).collect();
+        let mut drafters: Vec<&mut SequenceDrafter> = lives.iter_mut().map(|l| &mut l.drafter).collect();
+        let drafts = draft_together(
+            &self.head,
+            &*self.embeddings,
+            &mut drafters,
+            &gammas,
+            &keep,
+            self.vocab_size,
+            &mut samples,
+        )
+        .with_context(|| format!("EAGLE head, sequences {ids:?}"))
+        .map_err(to_candle)?;
+        drop(drafters);
+        Ok(lives
+            .into_iter()
+            .zip(drafts)
+            .map(|(live, drafts)| {
+                live.confidences = drafts.confidences;
+                live.verified = drafts.tokens.len();
+                live.drafts.clone_from(&drafts.tokens);
+                (drafts.tokens, drafts.logits)
+            })
+            .collect())
+    }
 }
 
 /// The live state of each of `ids`, in that order (each id once).
@@ -377,44 +530,14 @@ impl Proposer for EagleProposer {
         self.observe_batch(std::slice::from_ref(features))
     }
 
-    /// Every sequence's committed rows go through the head in one forward.
+    /// Every sequence's committed rows go through the head in one forward (and, when
+    /// learning T_v, the step that verified them is timed).
     fn observe_batch(&self, features: &[TargetFeatures<'_>]) -> candle_core::Result<()> {
+        self.finish_step_timing(&self.sequences(), features);
         if !self.batched_drafting && features.len() > 1 {
-            return features.iter().try_for_each(|f| self.observe_batch(std::slice::from_ref(f)));
+            return features.iter().try_for_each(|f| self.commit_rows(std::slice::from_ref(f)));
         }
-        if features.len() > 1 {
-            self.batched_calls.fetch_add(1, Ordering::Relaxed);
-        }
-        let aux = features
-            .iter()
-            .map(|f| Tensor::cat(&f.layers.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), 1))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let mut sequences = self.sequences();
-        for f in features {
-            self.settle_last_drafts(&mut sequences, f).map_err(to_candle)?;
-        }
-        let ids: Vec<usize> = features.iter().map(|f| f.seq_id).collect();
-        let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
-        let mut commits: Vec<Commit<'_>> = lives
-            .iter_mut()
-            .zip(features)
-            .zip(&aux)
-            .map(|((live, f), aux)| Commit {
-                drafter: &mut live.drafter,
-                start: f.start,
-                aux,
-                next_tokens: f.next_tokens,
-            })
-            .collect();
-        commit_together(&self.head, &*self.embeddings, &mut commits)
-            .with_context(|| format!("EAGLE head, sequences {ids:?}"))
-            .map_err(to_candle)?;
-        drop(commits);
-        for (live, f) in lives.iter_mut().zip(features) {
-            live.tokens.clear();
-            live.tokens.extend_from_slice(f.tokens);
-        }
-        Ok(())
+        self.commit_rows(features)
     }
 
     fn propose(
@@ -427,61 +550,18 @@ impl Proposer for EagleProposer {
         Ok(drafted.pop().expect("one request, one answer"))
     }
 
-    /// Every sequence drafts in one head forward per draft position.
+    /// Every sequence drafts in one head forward per draft position (timed from here when
+    /// learning T_v).
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
+        self.start_step_timing(&requests.iter().map(|r| r.seq_id).collect::<Vec<_>>());
         if !self.batched_drafting && requests.len() > 1 {
-            return requests.iter_mut().map(|r| self.propose(r.seq_id, r.gamma, &mut *r.sample)).collect();
+            return requests.iter_mut().map(|r| self.draft(std::slice::from_mut(r)).map(|mut d| d.remove(0))).collect();
         }
-        if requests.len() > 1 {
-            self.batched_calls.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut sequences = self.sequences();
-        let drafting_together = sequences.len();
-        let ids: Vec<usize> = requests.iter().map(|r| r.seq_id).collect();
-        let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
-        let mut gammas = Vec::with_capacity(requests.len());
-        for (live, request) in lives.iter().zip(requests.iter()) {
-            gammas.push(self.gamma_for(live, request.gamma, drafting_together).map_err(to_candle)?);
-        }
-        // A sequence verified alone drafts while one more draft pays for its row (SV's
-        // goodput); the confidence cut applies from the second draft on.
-        let alone = drafting_together == 1;
-        let keep = |confidences: &[f32]| {
-            sure_enough(confidences, self.min_confidence)
-                && (!alone || self.verify_budget.as_ref().is_none_or(|b| b.one_more_pays_alone(&self.priced(confidences))))
-        };
-        let mut samplers: Vec<Box<DraftSampler<'_>>> = requests
-            .iter_mut()
-            .map(|r| Box::new(move |row: &Tensor| Ok((r.sample)(row)?)) as Box<DraftSampler<'_>>)
-            .collect();
-        let mut samples: Vec<&mut DraftSampler<'_>> = samplers.iter_mut().map(|s| &mut **s as _).collect();
-        let mut drafters: Vec<&mut SequenceDrafter> = lives.iter_mut().map(|l| &mut l.drafter).collect();
-        let drafts = draft_together(
-            &self.head,
-            &*self.embeddings,
-            &mut drafters,
-            &gammas,
-            &keep,
-            self.vocab_size,
-            &mut samples,
-        )
-        .with_context(|| format!("EAGLE head, sequences {ids:?}"))
-        .map_err(to_candle)?;
-        drop(drafters);
-        Ok(lives
-            .into_iter()
-            .zip(drafts)
-            .map(|(live, drafts)| {
-                live.confidences = drafts.confidences;
-                live.verified = drafts.tokens.len();
-                live.drafts.clone_from(&drafts.tokens);
-                (drafts.tokens, drafts.logits)
-            })
-            .collect())
+        self.draft(requests)
     }
 
     fn verify_lengths(&self, seq_ids: &[usize], drafted: &[usize]) -> Vec<usize> {
-        let Some(budget) = &self.verify_budget else {
+        let Some(budget) = self.budget() else {
             return drafted.to_vec();
         };
         let sequences = self.sequences();
@@ -723,6 +803,43 @@ mod tests {
         observe(&plain, 2, &[1, 2, 3, 4, 6], 0, &features);
         assert_eq!(plain.verify_lengths(&[1, 2], &[3, 2]), vec![3, 2]);
         assert_eq!(greedy_drafts(&plain, 1).0.len(), 3);
+    }
+
+    #[test]
+    fn a_learned_t_v_prices_rows_and_each_verified_step_is_a_sample_at_its_rows() {
+        use crate::sv::{latency::VerifyLatency, schedule::GoodputOptions};
+        // The configured T_v says rows are free: alone, a sequence drafts γ.
+        let free_rows = VerifyBudget { latency: VerifyLatency::linear(10.0, 0.0), options: GoodputOptions::default(), padded: true, table: None };
+        let features = Tensor::randn(0f32, 1.0, (12, 3 * HIDDEN), &Device::Cpu).unwrap();
+        // Learned from this machine: every row beyond the first costs as much as a forward,
+        // so no draft of a random head pays for its row.
+        let mut dear_rows = LearnedLatency::new(VerifyLatency::linear(10.0, 0.0), 1.0, 1.0).unwrap();
+        for _ in 0..50 {
+            (1..=4).for_each(|rows| dear_rows.record(rows, 10.0 * rows as f64));
+        }
+        let p = proposers(1).remove(0).with_verify_budget(Some(free_rows.clone())).with_learned_latency(Some(dear_rows));
+        observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
+        assert_eq!(greedy_drafts(&p, 1).0.len(), 0, "priced by the learned T_v, not the configured one");
+        // Learning from scratch on the free-rows prior: a prompt gives no sample, a verified
+        // step one at its rows (the last committed token and each draft).
+        let q = proposers(1)
+            .remove(0)
+            .with_verify_budget(Some(free_rows))
+            .with_learned_latency(Some(LearnedLatency::new(VerifyLatency::linear(10.0, 0.0), 1.0, 1.0).unwrap()));
+        observe(&q, 1, &[1, 2, 3, 4, 5], 0, &features);
+        assert!(q.learned_latency().unwrap().row_counts_seen().is_empty(), "a prompt is no verify");
+        let (drafts, _) = greedy_drafts(&q, 1);
+        assert_eq!(drafts.len(), 3);
+        // The target kept the first draft and corrected the second.
+        let mut tokens = vec![1, 2, 3, 4, 5, drafts[0], 9];
+        observe(&q, 1, &tokens, 4, &features);
+        assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
+        // A step drafted for one sequence and observed for another gives no sample.
+        greedy_drafts(&q, 1);
+        observe(&q, 2, &[3, 3, 3], 0, &features);
+        tokens.push(5);
+        observe(&q, 1, &tokens, 6, &features);
+        assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
     }
 
     #[test]

@@ -44,6 +44,11 @@ impl VerifyLatency {
         Self { points: vec![(1, base), (2, base + per_row)] }
     }
 
+    /// The fitted (rows, milliseconds), rows ascending.
+    pub fn points(&self) -> &[(usize, f64)] {
+        &self.points
+    }
+
     /// Milliseconds of a verify over `rows` rows (at least one: the last committed token).
     pub fn at(&self, rows: usize) -> f64 {
         let rows = rows.max(1);

@@ -5,14 +5,16 @@
 //! The pieces, each pure and tested on hand values: the indicators S and A a companion gives
 //! for each draft ([`indicators`]), the table that turns them into the target's acceptance
 //! probability β, fitted on profiling runs ([`table`]), the verify forward's cost T_v(n)
-//! measured on this machine ([`latency`]), and the goodput-greedy choice of how many drafts
-//! each sequence verifies, alone or in a batch ([`schedule`]); [`verify_budget`] runs that choice
+//! measured on this machine ([`latency`]) or learned while decoding ([`learned_latency`]),
+//! and the goodput-greedy choice of how many drafts each sequence verifies, alone or in a
+//! batch ([`schedule`]); [`verify_budget`] runs that choice
 //! in the engine with the EAGLE head's own confidence as β, or with the keep rates the
 //! running judge stack shows for each confidence ([`keep_rates`]).
 
 pub mod indicators;
 pub mod keep_rates;
 pub mod latency;
+pub mod learned_latency;
 pub mod schedule;
 pub mod table;
 pub mod verify_budget;
