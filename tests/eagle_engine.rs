@@ -240,11 +240,15 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
         // SV's schedule with a verify row as dear as a whole forward: no draft pays for its
         // row, so batched steps verify none and a sequence alone drafts none.
         let sv = "[sv]\nenabled = true\nverify_ms = [[1, 10.0], [2, 20.0]]\n";
+        // SV with T_v learned from these steps' own times: whatever it then verifies, the
+        // answers stay plain decoding's.
+        let learned = "[sv]\nenabled = true\n";
         // Packed: the target's MLPs and LM head run on each sequence's own rows (mistral.rs
         // 0022); padded: every sequence's rows padded to the widest, as before.
-        let runs = [(0.4, 0.0, "", true), (0.0, 0.5, "", true), (0.0, 0.0, sv, true), (0.4, 0.0, "", false)];
-        for (min_confidence, min_first_confidence, sv, packed) in runs {
-            let mut config = Config::from_toml(&format!("{}{sv}", eagle_toml(dir.path(), 3, "f32"))).unwrap();
+        let runs = [(0.4, 0.0, "", true), (0.0, 0.5, "", true), (0.0, 0.0, sv, true), (0.4, 0.0, "", false), (0.0, 0.0, learned, true)];
+        for (min_confidence, min_first_confidence, sv_toml, packed) in runs {
+            let (dear_rows, learns) = (sv_toml == sv, sv_toml == learned);
+            let mut config = Config::from_toml(&format!("{}{sv_toml}", eagle_toml(dir.path(), 3, "f32"))).unwrap();
             config.speculative.eagle_min_confidence = min_confidence;
             config.speculative.eagle_min_first_confidence = min_first_confidence;
             config.speculative.packed_verify_rows = packed;
@@ -255,12 +259,12 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
                 let verified = mistralrs_core::batched_speculative_verifies();
                 let head_batched = proposer.batched_calls();
                 let (texts, steps) = concurrent_texts(&models, &config, proposer.clone(), &prompts[..batch]);
-                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv}, packed {packed}");
-                if !sv.is_empty() && batch > 1 {
+                let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv_toml}, packed {packed}");
+                if dear_rows && batch > 1 {
                     let undrafted = steps.iter().filter(|s| s.drafted == 0).count();
                     assert!(undrafted > 2 * batch, "{what}: {undrafted} steps verified no draft");
                 }
-                if !sv.is_empty() && batch == 1 {
+                if dear_rows && batch == 1 {
                     assert!(steps.iter().all(|s| s.drafted == 0), "{what}: a sequence alone drafted what no row pays for");
                 }
                 assert_eq!(texts, plain[..batch], "{what}: batched EAGLE decoding differs from plain decoding");
@@ -274,8 +278,12 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
                 }
                 drafted.extend(steps.iter().filter(|s| !s.finished).map(|s| s.drafted));
             }
-            if sv.is_empty() {
+            if sv_toml.is_empty() {
                 assert!(drafted.len() > 1, "{arch:?}: every step drafted {drafted:?} tokens");
+            }
+            if learns {
+                let seen = proposer.learned_latency().expect("learning T_v").row_counts_seen();
+                assert!(!seen.is_empty(), "{arch:?}: no verified step was timed");
             }
             if packed && min_confidence > 0.0 {
                 // Drafts of different lengths in one verify: some forwards ran packed. (The
