@@ -274,18 +274,20 @@ impl SvConfig {
         self.learn_verify_ms.unwrap_or(self.verify_ms.is_empty())
     }
 
-    /// T_v to learn from, starting at `verify_ms` (or a generic shape), when `learn`.
+    /// T_v to learn from, starting at the configured one, when `learn`.
     pub fn latency_learner(&self, learn: bool) -> Result<Option<LearnedLatency>> {
         if !learn {
             return Ok(None);
         }
-        Ok(Some(match self.verify_ms.is_empty() {
-            true => LearnedLatency::without_prior(),
-            false => LearnedLatency::new(self.fitted_verify_ms()?, DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY)?,
-        }))
+        Ok(Some(LearnedLatency::new(self.configured_latency()?, DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY)?))
     }
 
-    fn fitted_verify_ms(&self) -> Result<VerifyLatency> {
+    /// T_v as configured: `verify_ms` fitted, or, with none given and learning on, the
+    /// generic shape learning starts from.
+    fn configured_latency(&self) -> Result<VerifyLatency> {
+        if self.verify_ms.is_empty() && self.learns_verify_ms() {
+            return Ok(LearnedLatency::generic_prior());
+        }
         VerifyLatency::fit(&self.verify_ms).with_context(|| {
             format!(
                 "sv.verify_ms = {:?}: give [rows, milliseconds] pairs of the verify forward, e.g. from `verdict forward-cost`, or leave it out and set sv.learn_verify_ms = true",
@@ -308,13 +310,9 @@ impl SvConfig {
         if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
             bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
         }
-        // Learning with no table starts from a generic shape, which the proposer replaces.
-        let latency = match self.verify_ms.is_empty() && self.learns_verify_ms() {
-            true => LearnedLatency::without_prior().current().clone(),
-            false => self.fitted_verify_ms()?,
-        };
         Ok(VerifyBudget {
-            latency,
+            // When learning, the proposer prices rows by the learned T_v instead.
+            latency: self.configured_latency()?,
             options: GoodputOptions {
                 count_bonus: self.count_bonus,
                 fixed_ms: self.fixed_ms,

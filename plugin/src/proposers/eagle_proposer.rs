@@ -2,6 +2,7 @@
 //! fed the target's captured layers after every target forward.
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     path::Path,
     sync::{
@@ -202,23 +203,24 @@ impl EagleProposer {
     }
 
     /// The verify budget SV applies now: the configured one, its T_v replaced by the
-    /// learned one when learning.
-    fn budget(&self) -> Option<VerifyBudget> {
+    /// learned one when learning (copied only then).
+    fn budget(&self) -> Option<Cow<'_, VerifyBudget>> {
         let budget = self.verify_budget.as_ref()?;
         Some(match &self.learned_latency {
-            Some(learned) => VerifyBudget {
+            Some(learned) => Cow::Owned(VerifyBudget {
                 latency: learned.lock().unwrap_or_else(|e| e.into_inner()).current().clone(),
                 ..budget.clone()
-            },
-            None => budget.clone(),
+            }),
+            None => Cow::Borrowed(budget),
         })
     }
 
     /// With a learned T_v, the step whose drafting begins now is timed until the head
     /// observes its verify.
-    fn start_step_timing(&self, ids: &[usize]) {
+    fn start_step_timing(&self, requests: &[DraftRequest<'_>]) {
         if self.learned_latency.is_some() {
-            *self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some((ids.to_vec(), Instant::now()));
+            let ids = requests.iter().map(|r| r.seq_id).collect();
+            *self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some((ids, Instant::now()));
         }
     }
 
@@ -239,7 +241,7 @@ impl EagleProposer {
         let Some(widths) = widths else {
             return;
         };
-        let rows = match self.packed_verify_rows || widths.len() == 1 {
+        let rows = match self.packed_verify_rows {
             true => widths.iter().sum(),
             false => widths.len() * widths.iter().copied().max().unwrap_or(1),
         };
@@ -553,7 +555,7 @@ impl Proposer for EagleProposer {
     /// Every sequence drafts in one head forward per draft position (timed from here when
     /// learning T_v).
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
-        self.start_step_timing(&requests.iter().map(|r| r.seq_id).collect::<Vec<_>>());
+        self.start_step_timing(requests);
         if !self.batched_drafting && requests.len() > 1 {
             return requests.iter_mut().map(|r| self.draft(std::slice::from_mut(r)).map(|mut d| d.remove(0))).collect();
         }

@@ -8,8 +8,9 @@
 //! count n is the prior's T_v(n), rescaled to this machine by the mean ratio of samples to
 //! prior and counted as `prior_weight` samples, averaged with the samples of n rows; older
 //! samples fade (`memory` per sample), so context growth and load changes are followed.
-//! Counts never measured keep the prior's shape, scaled as the measured counts around them. Which drafts are verified still depends only on
-//! earlier steps and the head's confidence, never on the drafts: sampling stays exact.
+//! Counts never measured keep the prior's shape, scaled as the measured counts around them.
+//! Which drafts are verified still depends only on earlier steps and the head's confidence,
+//! never on the drafts: sampling stays exact.
 
 use std::collections::BTreeMap;
 
@@ -64,10 +65,15 @@ impl LearnedLatency {
         Ok(Self { current: prior.clone(), prior, prior_weight, memory, scale: Fading::default(), by_rows: BTreeMap::new() })
     }
 
-    /// No table to start from: a one-row verify of 50 ms and 15 % more per further row
-    /// (a CPU's shape; the first samples rescale it to the machine).
+    /// Where learning starts with no table: a one-row verify of 50 ms and 15 % more per
+    /// further row (a CPU's shape; the first samples rescale it to the machine).
+    pub fn generic_prior() -> VerifyLatency {
+        VerifyLatency::linear(50.0, 7.5)
+    }
+
+    /// Learning from [`Self::generic_prior`] with the default weights.
     pub fn without_prior() -> Self {
-        Self::new(VerifyLatency::linear(50.0, 7.5), DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY).expect("valid defaults")
+        Self::new(Self::generic_prior(), DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY).expect("valid defaults")
     }
 
     /// A step whose verify had `rows` rows took `ms` milliseconds.
