@@ -215,8 +215,8 @@ impl EagleProposer {
         })
     }
 
-    /// With a learned T_v, the step whose drafting begins now is timed until the head
-    /// observes its verify.
+    /// With a learned T_v, the step whose drafting begins now is timed until the head has
+    /// taken in its verified rows.
     fn start_step_timing(&self, requests: &[DraftRequest<'_>]) {
         if self.learned_latency.is_some() {
             let ids = requests.iter().map(|r| r.seq_id).collect();
@@ -224,28 +224,30 @@ impl EagleProposer {
         }
     }
 
-    /// The verify of the step in flight is being observed: its time, from the start of its
-    /// drafting, is a sample of T_v at the rows it verified. A prompt step, or one whose
-    /// sequences changed (one finished), gives no sample.
-    fn finish_step_timing(&self, sequences: &HashMap<usize, LiveSequence>, features: &[TargetFeatures<'_>]) {
-        let Some(learned) = &self.learned_latency else {
-            return;
-        };
-        let Some((ids, started)) = self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            return;
-        };
+    /// The verify of the step in flight is about to be observed: the rows it verified and
+    /// when its drafting began, which [`Self::record_step_timing`] turns into a sample of
+    /// T_v once the head has taken those rows in. A prompt step, or one whose sequences
+    /// changed (one finished), gives no sample.
+    fn step_in_flight_rows(&self, sequences: &HashMap<usize, LiveSequence>, features: &[TargetFeatures<'_>]) -> Option<(usize, Instant)> {
+        self.learned_latency.as_ref()?;
+        let (ids, started) = self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()).take()?;
         if ids.len() != features.len() || ids.iter().zip(features).any(|(id, f)| *id != f.seq_id) {
-            return;
+            return None;
         }
-        let widths: Option<Vec<usize>> = ids.iter().map(|id| sequences.get(id).map(|live| live.verified + 1)).collect();
-        let Some(widths) = widths else {
-            return;
-        };
+        let widths: Vec<usize> = ids.iter().map(|id| sequences.get(id).map(|live| live.verified + 1)).collect::<Option<_>>()?;
         let rows = match self.packed_verify_rows {
             true => widths.iter().sum(),
             false => widths.len() * widths.iter().copied().max().unwrap_or(1),
         };
-        learned.lock().unwrap_or_else(|e| e.into_inner()).record(rows, started.elapsed().as_secs_f64() * 1e3);
+        Some((rows, started))
+    }
+
+    /// A step's time from the start of its drafting to the end of the head's intake of its
+    /// verified rows (the whole step the proposer prices) is a sample of T_v at its rows.
+    fn record_step_timing(&self, step: Option<(usize, Instant)>) {
+        if let (Some(learned), Some((rows, started))) = (&self.learned_latency, step) {
+            learned.lock().unwrap_or_else(|e| e.into_inner()).record(rows, started.elapsed().as_secs_f64() * 1e3);
+        }
     }
 
     /// Keep at most `bytes` of finished sequences' head caches (0: keep none).
@@ -533,13 +535,16 @@ impl Proposer for EagleProposer {
     }
 
     /// Every sequence's committed rows go through the head in one forward (and, when
-    /// learning T_v, the step that verified them is timed).
+    /// learning T_v, the step that verified them is timed, this intake included).
     fn observe_batch(&self, features: &[TargetFeatures<'_>]) -> candle_core::Result<()> {
-        self.finish_step_timing(&self.sequences(), features);
+        let step = self.step_in_flight_rows(&self.sequences(), features);
         if !self.batched_drafting && features.len() > 1 {
-            return features.iter().try_for_each(|f| self.commit_rows(std::slice::from_ref(f)));
+            features.iter().try_for_each(|f| self.commit_rows(std::slice::from_ref(f)))?;
+        } else {
+            self.commit_rows(features)?;
         }
-        self.commit_rows(features)
+        self.record_step_timing(step);
+        Ok(())
     }
 
     fn propose(
