@@ -70,10 +70,10 @@ impl Mode {
     /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
     /// `sv`), `tvlearn` / `tvfixed` (SV's T_v learned from the steps run, starting from
     /// `sv.verify_ms`, or that table as given), `serial` / `batched` (with `--batch`: the
-    /// sequences of a step draft one after another, or in one head forward per draft position), `packed` / `padded` (a batched
-    /// verify feeds each sequence's own rows, or pads them to the widest): `eagle-q4k-g6-c0.5:exact`,
-    /// `eagle-sv:exact`. Returns the options' text
-    /// ("" when as configured) and the stack.
+    /// sequences of a step draft one after another, or in one head forward per draft
+    /// position), `packed` / `padded` (a batched verify feeds each sequence's own rows, or
+    /// pads them to the widest): `eagle-q4k-g6-c0.5:exact`, `eagle-sv:exact`. Returns the
+    /// options' text ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
         if let Some(stack) = self.0.strip_prefix(EAGLE_MODE_PREFIX) {
             return Some(("", stack));
