@@ -79,7 +79,7 @@ pub fn measure(
         let weight = QMatMul::from_qtensor(content.tensor(&mut file, &name, &device)?)?;
         let max_m = sizes.iter().copied().max().unwrap_or(1);
         let input = Tensor::randn(0f32, 1.0, (1, max_m, cols), &device)?;
-        // Untimed: the first multi-row call of a kernel may prepare the weights (the VNNI
+        // Untimed: the first multi-row call of a kernel may prepare the weights (the panel
         // kernels repack them once). One row never does.
         if max_m > 1 {
             for kernel in kernels {

@@ -17,8 +17,9 @@ pub enum QuantKernel {
     /// The patched weight-stationary kernels (candle's default once patched); one row keeps
     /// candle's loop.
     WeightStationary,
-    /// Weight-stationary, and one row too goes through the repacked VNNI kernels (Q4K / Q6K on
-    /// AVX-512 VNNI CPUs; elsewhere every kernel is already bit-exact with candle's loop).
+    /// Weight-stationary, and one row too goes through the repacked panel kernels (Q4K / Q6K on
+    /// AVX-512 VNNI CPUs, Q4K on other AVX2 CPUs, where one Q6K row takes the weight-stationary
+    /// kernel; every other kernel is bit-exact with candle's loop).
     /// What `verdict` selects at start-up.
     RowInvariant,
 }

@@ -1,8 +1,9 @@
 //! The patched candle-core's weight-stationary quantized matmul returns, for every type of the
 //! default GGUFs and every number of rows 1..=17, what candle's stock row-by-row loop returns, on
-//! odd shapes and on blocks holding extreme values: bit for bit, except for the AVX-512 VNNI
-//! kernels (Q4K, Q6K, m > 1 on CPUs that have VNNI), whose exact integer block sums are added up
-//! in another f32 order, so they agree to within 1e-5 of the magnitude sum Σ|w·x|.
+//! odd shapes and on blocks holding extreme values: bit for bit, except for the panel kernels
+//! (m > 1: Q4K and Q6K on CPUs with AVX-512 VNNI, Q4K on other AVX2 CPUs), whose exact integer
+//! block sums are added up in another f32 order, so they agree to within 1e-5 of the magnitude
+//! sum Σ|w·x|.
 
 use std::sync::Mutex;
 
@@ -120,7 +121,7 @@ fn check(dtype: GgmlDType, seed: u64) {
             let new = forward_bits(QuantKernel::WeightStationary, &w, &x);
             assert!(stock.iter().any(|&b| f32::from_bits(b) != 0.0));
             // None: bit for bit; Some: per-output bound of the f32 rounding difference.
-            let bounds: Option<Vec<f32>> = (vnni_kernel(dtype) && m > 1).then(|| {
+            let bounds: Option<Vec<f32>> = (panel_kernel(dtype) && m > 1).then(|| {
                 magnitude_sums(&w, &x)
                     .iter()
                     .map(|s| 1e-5 * s + 1e-6)
@@ -144,12 +145,15 @@ fn check(dtype: GgmlDType, seed: u64) {
     QuantKernel::WeightStationary.select();
 }
 
-/// True where the patch runs this type through its AVX-512 VNNI kernels (m > 1).
-fn vnni_kernel(dtype: GgmlDType) -> bool {
-    cfg!(all(
-        target_feature = "avx512vnni",
-        target_feature = "avx512vl"
-    )) && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
+/// True where the patch runs this type through its panel kernels (m > 1): Q4K and Q6K on
+/// AVX-512 VNNI CPUs, Q4K on other AVX2 CPUs.
+fn panel_kernel(dtype: GgmlDType) -> bool {
+    let vnni = cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"));
+    match dtype {
+        GgmlDType::Q4K => vnni || cfg!(target_feature = "avx2"),
+        GgmlDType::Q6K => vnni,
+        _ => false,
+    }
 }
 
 /// Σ_j |w_ij · x_rj| for every output (r, i): the scale of f32 rounding differences.
@@ -212,7 +216,7 @@ fn batched_rows_equal_single_rows() {
     let rows = x.flatten_to(1).unwrap();
     for (i, row) in batched.iter().enumerate() {
         // The row twice, so that it takes the multi-row kernel too (one row keeps candle's
-        // stock loop, which the VNNI kernels match only to f32 rounding).
+        // stock loop, which the panel kernels match only to f32 rounding).
         let one = rows.narrow(0, i, 1).unwrap();
         let single = w
             .forward(&Tensor::cat(&[&one, &one], 0).unwrap())
@@ -231,8 +235,8 @@ fn batched_rows_equal_single_rows() {
 }
 
 /// With the row-invariant kernels a row multiplied alone gets, bit for bit, what it gets among
-/// 9 rows, for every type of the default GGUFs. (With the default kernels Q4K and Q6K differ
-/// there in the last bits on VNNI CPUs: one row keeps candle's loop.)
+/// 9 rows, for every type of the default GGUFs. (With the default kernels the panel types differ
+/// there in the last bits: one row keeps candle's loop.)
 #[test]
 fn row_invariant_single_rows_equal_rows_among_many() {
     let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
@@ -275,7 +279,7 @@ fn panels_held_alone_are_the_blocks() {
             let blocks = weights(&mut rng, dtype, n, k);
             let QMatMul::QTensor(q) = &blocks else { panic!("expected a quantized weight") };
             let Some(panels) = q.panels_replacing_blocks() else {
-                assert!(!vnni_kernel(dtype), "{dtype:?} {n}x{k}: no panels on a CPU with the kernels");
+                assert!(!panel_kernel(dtype), "{dtype:?} {n}x{k}: no panels on a CPU with the kernels");
                 continue;
             };
             assert!(panels.holds_panels() && !q.holds_panels());
@@ -299,6 +303,6 @@ fn panels_held_alone_are_the_blocks() {
     let blocks = weights(&mut rng, GgmlDType::Q4K, 37, 256);
     candle_core::quantized::set_panels_replace_blocks(false);
     let QMatMul::QTensor(q) = &blocks else { panic!("expected a quantized weight") };
-    assert_eq!(q.holds_panels(), vnni_kernel(GgmlDType::Q4K));
+    assert_eq!(q.holds_panels(), panel_kernel(GgmlDType::Q4K));
     QuantKernel::WeightStationary.select();
 }

@@ -1,6 +1,7 @@
 //! Q4_K x Q8_K over m rows on AVX2: candle-core patch 0001's weight-stationary kernel (a
 //! copy, one weight row against up to 8 input rows) against 8-row panels whose 32-value
-//! groups are summed in i16 before the scale. See README.md.
+//! groups are summed in i16 before the scale, and the same on candle-core `0002`'s 16-row
+//! panels (`panels16`, what `0006` runs). See README.md.
 #![allow(clippy::needless_range_loop)]
 #[cfg(not(all(
     target_arch = "x86_64",
@@ -14,6 +15,7 @@ use core::arch::x86_64::*;
 use half::f16;
 use std::time::Instant;
 
+mod panels16;
 mod rates;
 
 const QK_K: usize = 256;
@@ -191,7 +193,14 @@ unsafe fn q4k_tile_ws<const R: usize>(w: &[BlockQ4K], acts: &Q8KActs, r0: usize,
     let nb = acts.nb;
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_m = [_mm256_setzero_ps(); MAX_TILE / 2];
+    let pf = prefetch_bytes();
     for (b, x) in w[..nb].iter().enumerate() {
+        if pf > 0 {
+            let base = (x as *const BlockQ4K as *const i8).wrapping_add(pf);
+            _mm_prefetch::<_MM_HINT_T0>(base);
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(64));
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(128));
+        }
         let (scales, mins) = q4k_scales_mins(x);
         let mins2 = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(mins), mins);
         let xd = _mm256_set1_ps(x.d.to_f32());
@@ -325,11 +334,18 @@ unsafe fn panel_tile<const R: usize>(
     let sc_ctrl = _mm256_loadu_si256(SC_PAIR_CTRL.as_ptr() as *const __m256i);
     let mn_ctrl = _mm256_loadu_si256(MIN_PAIR_CTRL.as_ptr() as *const __m256i);
     let mut accf = [_mm256_setzero_ps(); R];
+    let pf = prefetch_bytes();
     for b in 0..nb {
         let pb = panels.get_unchecked(b);
         let q8: [*const i8; R] = std::array::from_fn(|i| acts.q8(b, r0 + i));
         let mut acc32 = [_mm256_setzero_si256(); R];
         for g in 0..8 {
+            if pf > 0 {
+                let base = (pb as *const PanelQ4K as *const i8).wrapping_add(pf + 160 * g);
+                _mm_prefetch::<_MM_HINT_T0>(base);
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(64));
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(128));
+            }
             let mut acc16 = [_mm256_setzero_si256(); R];
             for v in 0..4 {
                 let bits = _mm256_load_si256(pb.qs[g][v].as_ptr() as *const __m256i);
@@ -437,6 +453,10 @@ fn mm_old(m: usize, n: usize, nb: usize, acts: &Q8KActs, w: &[BlockQ4K], dst: &m
         }
     }
 }
+fn prefetch_bytes() -> usize {
+    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PF.get_or_init(|| std::env::var("PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+}
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -474,6 +494,14 @@ fn main() {
         })
         .collect();
     let panels = repack(&w, n, nb);
+    // Copies enough to overflow the last-level cache, so every timed run streams from memory
+    // as a model's weights do.
+    let copies: usize = std::env::var("COPIES").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let ws: Vec<Vec<BlockQ4K>> = (0..copies).map(|_| w.clone()).collect();
+    let pss: Vec<Vec<PanelQ4K>> = (0..copies).map(|_| panels.clone()).collect();
+    let p16 = panels16::repack(&w, n, nb);
+    let p16s: Vec<Vec<panels16::Q4KPanel>> = (0..copies).map(|_| p16.clone()).collect();
+    let max_r16: usize = std::env::var("MAXR16").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     let lhs: Vec<BlockQ8K> = (0..MAX_TILE * nb)
         .map(|_| {
             let mut y = BlockQ8K {
@@ -497,13 +525,17 @@ fn main() {
     for m in [1usize, 2, 3, 4, 5, 6, 8] {
         let acts = Q8KActs::new(&lhs[..m * nb], m, nb);
         let (mut d_ws, mut d_panel) = (vec![0f32; m * n], vec![0f32; m * n]);
-        let (mut t_ws, mut t_panel) = (f64::MAX, f64::MAX);
-        for _ in 0..20 {
+        let (mut t_ws, mut t_panel, mut t16) = (f64::MAX, f64::MAX, f64::MAX);
+        let mut d16 = vec![0f32; m * n];
+        for it in 0..20 {
             let s = Instant::now();
-            mm_old(m, n, nb, &acts, &w, &mut d_ws);
+            panels16::matmul(m, n, nb, &lhs[..m * nb], &p16s[it % copies], &mut d16, max_r16);
+            t16 = t16.min(s.elapsed().as_secs_f64());
+            let s = Instant::now();
+            mm_old(m, n, nb, &acts, &ws[it % copies], &mut d_ws);
             t_ws = t_ws.min(s.elapsed().as_secs_f64());
             let s = Instant::now();
-            mm_panels(m, n, nb, &acts, &panels, &mut d_panel);
+            mm_panels(m, n, nb, &acts, &pss[it % copies], &mut d_panel);
             t_panel = t_panel.min(s.elapsed().as_secs_f64());
         }
         let max_out = d_ws.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -515,7 +547,10 @@ fn main() {
             max_diff <= 1e-5 * max_out,
             "panels disagree with the patch kernel at m = {m}"
         );
+        let diff16 = d_ws.iter().zip(&d16).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(diff16 <= 1e-5 * max_out, "16-row panels disagree at m = {m}: {diff16} vs {max_out}");
         let macs = (m * n * k) as f64;
+        println!("  m {m}: 16-row panels {:.3} ms, {:.1} G MAC/s, {:.2}x the patch kernel", t16 * 1e3, macs / t16 / 1e9, t_ws / t16);
         println!(
             "| {m} | {:.3} | {:.1} | {:.3} | {:.1} | {:.2}x | {:.1e} |",
             t_ws * 1e3,
