@@ -18,8 +18,7 @@ pub enum QuantKernel {
     /// candle's loop.
     WeightStationary,
     /// Weight-stationary, and one row too goes through the repacked panel kernels (Q4K / Q6K on
-    /// AVX-512 VNNI CPUs, Q4K on other AVX2 CPUs, where one Q6K row takes the weight-stationary
-    /// kernel; every other kernel is bit-exact with candle's loop).
+    /// AVX2 and AVX-512 VNNI CPUs; every other kernel is bit-exact with candle's loop).
     /// What `verdict` selects at start-up.
     RowInvariant,
 }

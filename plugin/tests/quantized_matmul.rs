@@ -1,9 +1,9 @@
 //! The patched candle-core's weight-stationary quantized matmul returns, for every type of the
 //! default GGUFs and every number of rows 1..=17, what candle's stock row-by-row loop returns, on
 //! odd shapes and on blocks holding extreme values: bit for bit, except for the panel kernels
-//! (m > 1: Q4K and Q6K on CPUs with AVX-512 VNNI, Q4K on other AVX2 CPUs), whose exact integer
-//! block sums are added up in another f32 order, so they agree to within 1e-5 of the magnitude
-//! sum Σ|w·x|.
+//! (m > 1: Q4K and Q6K on CPUs with AVX2, with AVX-512 VNNI or not), whose exact integer block
+//! sums are added up in another f32 order, so they agree to within 1e-5 of the magnitude sum
+//! Σ|w·x|.
 
 use std::sync::Mutex;
 
@@ -146,14 +146,9 @@ fn check(dtype: GgmlDType, seed: u64) {
 }
 
 /// True where the patch runs this type through its panel kernels (m > 1): Q4K and Q6K on
-/// AVX-512 VNNI CPUs, Q4K on other AVX2 CPUs.
+/// CPUs with AVX2 (AVX-512 VNNI or AVX2 kernels).
 fn panel_kernel(dtype: GgmlDType) -> bool {
-    let vnni = cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"));
-    match dtype {
-        GgmlDType::Q4K => vnni || cfg!(target_feature = "avx2"),
-        GgmlDType::Q6K => vnni,
-        _ => false,
-    }
+    cfg!(target_feature = "avx2") && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
 }
 
 /// Σ_j |w_ij · x_rj| for every output (r, i): the scale of f32 rounding differences.
