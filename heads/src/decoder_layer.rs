@@ -127,6 +127,40 @@ pub struct CacheSegment<'a> {
     pub cache: &'a mut HeadCache,
 }
 
+/// Which rows of each segment a batched call computes outputs for. Every row's keys and
+/// values enter the cache either way; a commit drafts only from its last row, so the rows
+/// before it need no query, no MLP and no LM head (on a prompt, most of the layer's work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outputs {
+    EveryRow,
+    LastRow,
+}
+
+impl Outputs {
+    /// How many of a segment's `rows` get outputs (its last ones).
+    fn of(self, rows: usize) -> usize {
+        match self {
+            Outputs::EveryRow => rows,
+            Outputs::LastRow => rows.min(1),
+        }
+    }
+
+    /// The rows of `t` (each segment's rows in turn) that get outputs.
+    pub fn select(self, t: &Tensor, segments: &[CacheSegment<'_>]) -> Result<Tensor> {
+        if self == Outputs::EveryRow {
+            return Ok(t.clone());
+        }
+        let mut picked = Vec::with_capacity(segments.len());
+        let mut row = 0;
+        for segment in segments {
+            let n = self.of(segment.rows);
+            picked.push(t.narrow(0, row + segment.rows - n, n)?);
+            row += segment.rows;
+        }
+        Ok(Tensor::cat(&picked, 0)?)
+    }
+}
+
 /// The midlayer's attention: q/k/v over [normed embedding ⊕ normed hidden] (2H), RoPE.
 pub struct Attention {
     q_proj: Projection,
@@ -186,17 +220,26 @@ impl Attention {
     /// Projected rows `(t, heads · hd)` split into heads at positions `start..start + t`,
     /// RoPE applied to q and k.
     fn split_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        let t = q.dim(0)?;
-        let shape = |y: &Tensor, heads: usize| -> Result<Tensor> {
-            Ok(y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?)
+        Ok((
+            self.heads_at(q, self.heads, Some(start))?,
+            self.heads_at(k, self.kv_heads, Some(start))?,
+            self.heads_at(v, self.kv_heads, None)?,
+        ))
+    }
+
+    /// Projected rows `(t, heads · hd)` as `(heads, t, hd)`, RoPE applied for positions
+    /// `start..start + t` when given.
+    fn heads_at(&self, y: &Tensor, heads: usize, start: Option<usize>) -> Result<Tensor> {
+        let t = y.dim(0)?;
+        let y = y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?;
+        let y = match start {
+            Some(start) => {
+                let (cos, sin) = self.rope_tables(start, t, y.device())?;
+                candle_nn::rotary_emb::rope_slow(&y, &cos, &sin)?
+            }
+            None => y,
         };
-        let q = shape(q, self.heads)?;
-        let k = shape(k, self.kv_heads)?;
-        let v = shape(v, self.kv_heads)?;
-        let (cos, sin) = self.rope_tables(start, t, q.device())?;
-        let q = candle_nn::rotary_emb::rope_slow(&q, &cos, &sin)?.squeeze(0)?;
-        let k = candle_nn::rotary_emb::rope_slow(&k, &cos, &sin)?.squeeze(0)?;
-        Ok((q, k, v.squeeze(0)?))
+        Ok(y.squeeze(0)?)
     }
 
     /// Keys or values of the kv heads repeated for every query head: (heads, len, hd).
@@ -234,16 +277,26 @@ impl Attention {
     /// turn. The projections run once over every row (one matmul for all sequences, where
     /// the cost of drafting is); each segment attends only to its own cache.
     pub fn forward_segments(&self, x: &Tensor, segments: &mut [CacheSegment<'_>]) -> Result<Tensor> {
+        self.forward_segments_for(x, segments, Outputs::EveryRow)
+    }
+
+    /// [`Self::forward_segments`] with outputs for `outputs`' rows only (one row per segment
+    /// for [`Outputs::LastRow`]); every row's keys and values still enter the cache.
+    pub fn forward_segments_for(&self, x: &Tensor, segments: &mut [CacheSegment<'_>], outputs: Outputs) -> Result<Tensor> {
         let n: usize = segments.iter().map(|s| s.rows).sum();
         ensure!(n == x.dim(0)?, "{} input rows for segments of {n} rows in all", x.dim(0)?);
-        let (q, k, v) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        let q = self.q_proj.forward(&outputs.select(x, segments)?)?;
+        let (k, v) = (self.k_proj.forward(x)?, self.v_proj.forward(x)?);
         let mut outs = Vec::with_capacity(segments.len());
-        let mut row = 0;
+        let (mut row, mut q_row) = (0, 0);
         for segment in segments.iter_mut() {
-            let rows = |y: &Tensor| y.narrow(0, row, segment.rows);
-            let (q, k, v) = self.split_heads(&rows(&q)?, &rows(&k)?, &rows(&v)?, segment.start)?;
+            let (rows, queried) = (segment.rows, outputs.of(segment.rows));
+            let q = self.heads_at(&q.narrow(0, q_row, queried)?, self.heads, Some(segment.start + rows - queried))?;
+            let k = self.heads_at(&k.narrow(0, row, rows)?, self.kv_heads, Some(segment.start))?;
+            let v = self.heads_at(&v.narrow(0, row, rows)?, self.kv_heads, None)?;
             outs.push(self.merge_heads(&self.attend(&q, k, v, segment.start, segment.cache)?)?);
-            row += segment.rows;
+            row += rows;
+            q_row += queried;
         }
         let out = match outs.len() {
             1 => outs.pop().expect("one segment"),
@@ -252,12 +305,13 @@ impl Attention {
         Ok(self.o_proj.forward(&out)?)
     }
 
-    /// Queries `q` (heads, t, hd) at positions `start..start + t` against the cache and
-    /// their own keys `k`, values `v` (kv heads, t, hd), which are appended to the cache:
-    /// (heads, t, hd).
+    /// Keys `k`, values `v` (kv heads, n, hd) of positions `start..start + n` appended to
+    /// the cache, then queries `q` (heads, t, hd) of the last `t ≤ n` of those positions
+    /// against it: (heads, t, hd).
     fn attend(&self, q: &Tensor, k: Tensor, v: Tensor, start: usize, cache: &mut HeadCache) -> Result<Tensor> {
         let t = q.dim(1)?;
         ensure!(cache.len() == start, "head cache holds {} positions, the input starts at {start}", cache.len());
+        ensure!(t <= k.dim(1)?, "{t} queries for {} new positions", k.dim(1)?);
         let (k, v) = cache.append(k, v)?;
         let total = k.dim(1)?;
         // Grouped: the query heads sharing a kv head attend as one (kv heads, group · t) block,
@@ -266,9 +320,12 @@ impl Attention {
         let group = self.heads / self.kv_heads;
         let q = q.reshape((self.kv_heads, group * t, self.head_dim))?;
         let scores = (q.matmul(&k.t()?)? * self.scale())?.reshape((self.kv_heads, group, t, total))?;
-        let mask = causal_mask(t, total, start, q.device())?;
-        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?
-            .reshape((self.kv_heads, group * t, total))?;
+        // A lone query is the newest position and sees every key: no mask to add.
+        let scores = match t {
+            1 => scores,
+            _ => scores.broadcast_add(&causal_mask(t, total, total - t, q.device())?)?,
+        };
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?.reshape((self.kv_heads, group * t, total))?;
         Ok(probs.matmul(&v)?.reshape((self.heads, t, self.head_dim))?)
     }
 

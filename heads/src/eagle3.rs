@@ -19,7 +19,7 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
-pub use crate::decoder_layer::{CacheSegment, HeadCache};
+pub use crate::decoder_layer::{CacheSegment, HeadCache, Outputs};
 use crate::{
     decoder_layer::{head_norm, open_weights, read_config, Attention, AttentionShape, HeadNorm, Mlp},
     projection::{projection, Projection, WeightFormat},
@@ -264,11 +264,24 @@ impl Eagle3Head {
     /// multiplies all rows at once, so drafting for a batch of sequences costs about one
     /// forward per draft position instead of one per sequence and position.
     pub fn forward_segments(&self, embeds: &Tensor, hidden: &Tensor, segments: &mut [CacheSegment<'_>]) -> Result<HeadOutput> {
-        crate::on_compute_pool(embeds.device(), || self.forward_here(embeds, hidden, segments))
+        crate::on_compute_pool(embeds.device(), || self.forward_here(embeds, hidden, segments, Outputs::EveryRow))
     }
 
-    /// [`Self::forward_segments`] on the calling thread.
-    fn forward_here(&self, embeds: &Tensor, hidden: &Tensor, segments: &mut [CacheSegment<'_>]) -> Result<HeadOutput> {
+    /// [`Self::forward_segments`] with one output row per segment, its last: the rows before
+    /// it enter the cache as keys and values only. What taking in committed positions needs
+    /// (drafting starts from the last one), for a fraction of the layer's work per row.
+    pub fn forward_last_rows(&self, embeds: &Tensor, hidden: &Tensor, segments: &mut [CacheSegment<'_>]) -> Result<HeadOutput> {
+        crate::on_compute_pool(embeds.device(), || self.forward_here(embeds, hidden, segments, Outputs::LastRow))
+    }
+
+    /// [`Self::forward_segments`] on the calling thread, outputs for `outputs`' rows.
+    fn forward_here(
+        &self,
+        embeds: &Tensor,
+        hidden: &Tensor,
+        segments: &mut [CacheSegment<'_>],
+        outputs: Outputs,
+    ) -> Result<HeadOutput> {
         let x = Tensor::cat(
             &[
                 self.input_layernorm.forward(embeds)?,
@@ -276,7 +289,8 @@ impl Eagle3Head {
             ],
             D::Minus1,
         )?;
-        let h = (hidden + self.attention.forward_segments(&x, segments)?)?;
+        let residual = outputs.select(hidden, segments)?;
+        let h = (residual + self.attention.forward_segments_for(&x, segments, outputs)?)?;
         let out = (&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?;
         let logits = self.lm_head.forward(&self.norm.forward(&out)?)?;
         Ok(HeadOutput { hidden: out, logits })
@@ -578,6 +592,50 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("7 input rows"), "{err}");
+    }
+
+    #[test]
+    fn last_rows_only_are_the_full_forwards_last_rows_over_the_same_cache() {
+        let config = tiny_config(None);
+        let (dir, _) = saved_head(&config, None);
+        let head = Eagle3Head::load(dir.path(), &Device::Cpu).unwrap();
+        let (e, h) = (random((7, 16), 5), random((7, 16), 6));
+        // Sequence a: 3 positions cached, 4 new rows; b: 3 new rows from 0.
+        let mut a = HeadCache::default();
+        head.forward(&random((3, 16), 1), &random((3, 16), 2), 0, &mut a).unwrap();
+        let (mut b, mut a_last, mut b_last) = (HeadCache::default(), a.clone(), HeadCache::default());
+        let full = head
+            .forward_segments(
+                &e,
+                &h,
+                &mut [
+                    CacheSegment { start: 3, rows: 4, cache: &mut a },
+                    CacheSegment { start: 0, rows: 3, cache: &mut b },
+                ],
+            )
+            .unwrap();
+        let last = head
+            .forward_last_rows(
+                &e,
+                &h,
+                &mut [
+                    CacheSegment { start: 3, rows: 4, cache: &mut a_last },
+                    CacheSegment { start: 0, rows: 3, cache: &mut b_last },
+                ],
+            )
+            .unwrap();
+        let picked = |t: &Tensor| Tensor::cat(&[t.narrow(0, 3, 1).unwrap(), t.narrow(0, 6, 1).unwrap()], 0).unwrap();
+        assert_eq!(last.logits.dims(), &[2, config.vocab_size]);
+        assert_eq!(last.hidden.dims(), &[2, 16]);
+        assert!(max_abs_diff(&last.logits, &picked(&full.logits)) < 1e-5);
+        assert!(max_abs_diff(&last.hidden, &picked(&full.hidden)) < 1e-5);
+        // Every row's keys and values entered the cache: the next position reads the same.
+        assert_eq!((a_last.len(), b_last.len()), (7, 3));
+        assert_eq!(max_abs_diff(a.keys().unwrap(), a_last.keys().unwrap()), 0.0);
+        let (e1, h1) = (random((1, 16), 9), random((1, 16), 10));
+        let next = head.forward(&e1, &h1, 7, &mut a).unwrap();
+        let next_last = head.forward(&e1, &h1, 7, &mut a_last).unwrap();
+        assert!(max_abs_diff(&next.logits, &next_last.logits) < 1e-6);
     }
 
     #[test]

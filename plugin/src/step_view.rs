@@ -1,9 +1,10 @@
-//! One speculative step as the rules see it: rows of logits copied to the host once, and
-//! distributions computed only for the positions that need them.
+//! One speculative step as the rules see it: rows of logits copied to the host once, when
+//! first read, and distributions computed only for the positions that need them.
 
 use std::cell::OnceCell;
 
 use anyhow::Result;
+use candle_core::{DType, Tensor};
 use mistralrs_core::speculative_hook::{SamplingSettings, VerifyContext};
 use rand::Rng;
 
@@ -14,8 +15,9 @@ use crate::{
 
 pub struct StepView<'a> {
     pub ctx: &'a VerifyContext<'a>,
-    draft_logits: Vec<Vec<f32>>,
-    target_logits: Vec<Vec<f32>>,
+    gamma: usize,
+    draft_logits: Vec<OnceCell<Vec<f32>>>,
+    target_logits: Vec<OnceCell<Vec<f32>>>,
     draft_probs: Vec<OnceCell<Vec<f32>>>,
     target_probs: Vec<OnceCell<Vec<f32>>>,
     draft_log_probs: Vec<OnceCell<Vec<f32>>>,
@@ -23,29 +25,45 @@ pub struct StepView<'a> {
 }
 
 impl<'a> StepView<'a> {
+    /// Rows are copied to the host when a rule first reads them: greedy `exact` reads the
+    /// target's rows up to the first rejection and no draft row, each 151,936 floats here.
     pub fn new(ctx: &'a VerifyContext<'a>) -> Result<Self> {
-        let draft_logits = ctx.draft_logits.to_vec2::<f32>()?;
-        let target_logits = ctx.target_logits.to_vec2::<f32>()?;
+        let (drafts, vocab) = ctx.draft_logits.dims2()?;
+        let (scored, target_vocab) = ctx.target_logits.dims2()?;
         anyhow::ensure!(
-            target_logits.len() == draft_logits.len() + 1,
-            "target scored {} positions for {} drafts; expected one more",
-            target_logits.len(),
-            draft_logits.len()
+            scored == drafts + 1,
+            "target scored {scored} positions for {drafts} drafts; expected one more"
+        );
+        anyhow::ensure!(
+            ctx.draft_logits.dtype() == DType::F32 && ctx.target_logits.dtype() == DType::F32,
+            "logits come as {:?} (draft) and {:?} (target); the rules read f32",
+            ctx.draft_logits.dtype(),
+            ctx.target_logits.dtype()
+        );
+        anyhow::ensure!(
+            drafts == 0 || vocab == target_vocab,
+            "draft rows of {vocab} logits against target rows of {target_vocab}"
         );
         Ok(Self {
             ctx,
-            draft_probs: vec![OnceCell::new(); draft_logits.len()],
-            target_probs: vec![OnceCell::new(); target_logits.len()],
-            draft_log_probs: vec![OnceCell::new(); draft_logits.len()],
-            target_log_probs: vec![OnceCell::new(); target_logits.len()],
-            draft_logits,
-            target_logits,
+            gamma: drafts,
+            draft_logits: vec![OnceCell::new(); drafts],
+            target_logits: vec![OnceCell::new(); scored],
+            draft_probs: vec![OnceCell::new(); drafts],
+            target_probs: vec![OnceCell::new(); scored],
+            draft_log_probs: vec![OnceCell::new(); drafts],
+            target_log_probs: vec![OnceCell::new(); scored],
         })
+    }
+
+    /// The draft's raw logits at `position`.
+    fn draft_logits(&self, position: usize) -> &[f32] {
+        self.draft_logits[position].get_or_init(|| host_row(self.ctx.draft_logits, position))
     }
 
     /// γ, the number of drafted tokens.
     pub fn gamma(&self) -> usize {
-        self.draft_logits.len()
+        self.gamma
     }
 
     pub fn draft_token(&self, position: usize) -> u32 {
@@ -57,36 +75,36 @@ impl<'a> StepView<'a> {
     }
 
     pub fn target_argmax(&self, position: usize) -> u32 {
-        argmax(&self.target_logits[position])
+        argmax(self.target_logits(position))
     }
 
     /// The target's raw logits at `position`.
     pub fn target_logits(&self, position: usize) -> &[f32] {
-        &self.target_logits[position]
+        self.target_logits[position].get_or_init(|| host_row(self.ctx.target_logits, position))
     }
 
     /// The target's distribution at `position` (temperature 1 when decoding greedily, so
     /// judges that compare distributions still have one).
     pub fn target_probs(&self, position: usize) -> &[f32] {
         self.target_probs[position]
-            .get_or_init(|| probabilities(&self.target_logits[position], self.ctx.sampling))
+            .get_or_init(|| probabilities(self.target_logits(position), self.ctx.sampling))
     }
 
     /// The draft's distribution at `position`, the one `draft_token(position)` was drawn from.
     pub fn draft_probs(&self, position: usize) -> &[f32] {
         self.draft_probs[position]
-            .get_or_init(|| probabilities(&self.draft_logits[position], self.ctx.sampling))
+            .get_or_init(|| probabilities(self.draft_logits(position), self.ctx.sampling))
     }
 
     /// The target's raw distribution at `position` (temperature 1, no truncation) as
     /// log-probabilities: what the judges compare, whatever the sampling settings.
     pub fn target_log_probs(&self, position: usize) -> &[f32] {
-        self.target_log_probs[position].get_or_init(|| log_softmax(&self.target_logits[position]))
+        self.target_log_probs[position].get_or_init(|| log_softmax(self.target_logits(position)))
     }
 
     /// The draft's raw distribution at `position`, as [`Self::target_log_probs`].
     pub fn draft_log_probs(&self, position: usize) -> &[f32] {
-        self.draft_log_probs[position].get_or_init(|| log_softmax(&self.draft_logits[position]))
+        self.draft_log_probs[position].get_or_init(|| log_softmax(self.draft_logits(position)))
     }
 
     /// What plain target decoding would emit at `position`: arg-max, or a sample from p.
@@ -97,6 +115,14 @@ impl<'a> StepView<'a> {
             sample(self.target_probs(position), rng)
         }
     }
+}
+
+/// Row `position` of `(rows, vocab)` f32 logits ([`StepView::new`] checked both) on the host.
+fn host_row(logits: &Tensor, position: usize) -> Vec<f32> {
+    logits
+        .get(position)
+        .and_then(|row| row.to_vec1::<f32>())
+        .expect("StepView::new checked the rows and their dtype")
 }
 
 /// Draw a draft token from one row of draft logits.

@@ -129,11 +129,10 @@ impl SequenceDrafter {
         Ok(Some(start - self.offset))
     }
 
-    /// Keep the last committed row's output, where the next drafts start.
-    fn end_commit(&mut self, hidden: &Tensor, logits: &Tensor) -> Result<()> {
-        let n = hidden.dim(0)?;
-        self.last_row = Some((hidden.narrow(0, n - 1, 1)?, logits.narrow(0, n - 1, 1)?));
-        Ok(())
+    /// Keep the last committed row's output `(1, H)`, `(1, draft vocab)`: where the next
+    /// drafts start.
+    fn end_commit(&mut self, hidden: Tensor, logits: Tensor) {
+        self.last_row = Some((hidden, logits));
     }
 
     /// Draft `gamma` tokens after the token that follows the last committed position (that
@@ -372,14 +371,14 @@ pub fn commit_together(head: &Eagle3Head, embeddings: &dyn TokenEmbeddings, comm
             cache: &mut c.drafter.cache,
         })
         .collect();
-    let out = head.forward_segments(&embeddings.embed(&tokens)?, &fused, &mut segments)?;
+    // Drafting starts from each sequence's last committed row: the head computes only that
+    // row's output, the others enter its cache as keys and values.
+    let out = head.forward_last_rows(&embeddings.embed(&tokens)?, &fused, &mut segments)?;
     drop(segments);
-    let mut row = 0;
-    for (&i, &n) in fed.iter().zip(&rows) {
+    for (row, &i) in fed.iter().enumerate() {
         commits[i]
             .drafter
-            .end_commit(&out.hidden.narrow(0, row, n)?, &out.logits.narrow(0, row, n)?)?;
-        row += n;
+            .end_commit(out.hidden.narrow(0, row, 1)?, out.logits.narrow(0, row, 1)?);
     }
     Ok(())
 }
