@@ -8,7 +8,7 @@ use std::{path::Path, time::Instant};
 use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor, D};
 use serde::Serialize;
-use verdict_heads::{Eagle3Config, Eagle3Head, HeadCache, WeightFormat};
+use verdict_heads::{CacheSegment, Eagle3Config, Eagle3Head, HeadCache, WeightFormat};
 
 use crate::matmul_cost::median;
 
@@ -19,9 +19,13 @@ pub struct HeadCost {
     pub weight_megabytes: f64,
     /// One draft step (one row through the layer and the LM head), median.
     pub draft_ms_per_token: f64,
-    /// Taking in γ + 1 verified positions (fc over their target features, then the layer),
-    /// as after every verify forward, median.
+    /// Taking in γ + 1 verified positions as after every verify forward (fc over their
+    /// target features, keys and values of every row, the rest of the layer and the LM head
+    /// on the last row only), median.
     pub observe_ms: f64,
+    /// The same with the whole layer and the LM head on every row (how the head took them
+    /// in before 2026-11-27), median.
+    pub observe_every_row_ms: f64,
     pub draft_ratio_to_first: f64,
 }
 
@@ -62,17 +66,27 @@ pub fn measure(head_dir: &Path, formats: &[WeightFormat], context: usize, gamma:
         head.forward(&embeds.narrow(0, 0, context)?, &ctx, 0, &mut cache)?;
         caches.push(cache);
     }
-    let (mut draft, mut observe) = (vec![Vec::new(); heads.len()], vec![Vec::new(); heads.len()]);
+    let runs = || vec![Vec::new(); heads.len()];
+    let (mut draft, mut observe, mut observe_every_row) = (runs(), runs(), runs());
     // Repeat 0 warms up and is not counted.
     for repeat in 0..=repeats {
         for (i, head) in heads.iter().enumerate() {
             let cache = &mut caches[i];
-            let start = Instant::now();
-            let verified = head.fuse(&aux.narrow(0, context, gamma + 1)?)?;
-            let out = head.forward(&embeds.narrow(0, context, gamma + 1)?, &verified, context, cache)?;
-            out.logits.argmax(D::Minus1)?;
-            let observed = start.elapsed().as_secs_f64() * 1000.0;
-            cache.truncate(context)?;
+            let mut take_in = |last_row_only: bool| -> Result<f64> {
+                let start = Instant::now();
+                let verified = head.fuse(&aux.narrow(0, context, gamma + 1)?)?;
+                let embeds = embeds.narrow(0, context, gamma + 1)?;
+                let segment = CacheSegment { start: context, rows: gamma + 1, cache: &mut *cache };
+                let out = match last_row_only {
+                    true => head.forward_last_rows(&embeds, &verified, &mut [segment])?,
+                    false => head.forward_segments(&embeds, &verified, &mut [segment])?,
+                };
+                out.logits.argmax(D::Minus1)?;
+                let ms = start.elapsed().as_secs_f64() * 1000.0;
+                cache.truncate(context)?;
+                Ok(ms)
+            };
+            let (observed, observed_every_row) = (take_in(true)?, take_in(false)?);
 
             let start = Instant::now();
             let mut hidden = head.fuse(&aux.narrow(0, context - 1, 1)?)?;
@@ -85,6 +99,7 @@ pub fn measure(head_dir: &Path, formats: &[WeightFormat], context: usize, gamma:
             cache.truncate(context)?;
             if repeat > 0 {
                 observe[i].push(observed);
+                observe_every_row[i].push(observed_every_row);
                 draft[i].push(drafted);
             }
         }
@@ -100,6 +115,7 @@ pub fn measure(head_dir: &Path, formats: &[WeightFormat], context: usize, gamma:
                 weight_megabytes: matrix_weights(&c) as f64 * bytes_per_weight(format) / 1e6,
                 draft_ms_per_token: d,
                 observe_ms: median(observe[i].clone()),
+                observe_every_row_ms: median(observe_every_row[i].clone()),
                 draft_ratio_to_first: d / first,
             }
         })

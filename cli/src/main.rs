@@ -310,15 +310,15 @@ fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, 
     let gamma = config.speculative.gamma;
     let costs = verdict_cli::head_cost::measure(&head, formats, context, gamma, repeats)?;
     println!(
-        "EAGLE head {}, {context} positions cached, γ {gamma}, median of {repeats}\n\n| weights | MB | draft ms / token | × {} | observe {} positions, ms |\n|---|---|---|---|---|",
+        "EAGLE head {}, {context} positions cached, γ {gamma}, median of {repeats}\n\n| weights | MB | draft ms / token | × {} | observe {} positions, ms | ... every row's output, ms |\n|---|---|---|---|---|---|",
         head.display(),
         formats[0],
         gamma + 1
     );
     for c in &costs {
         println!(
-            "| {} | {:.1} | {:.2} | {:.2} | {:.2} |",
-            c.format, c.weight_megabytes, c.draft_ms_per_token, c.draft_ratio_to_first, c.observe_ms
+            "| {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            c.format, c.weight_megabytes, c.draft_ms_per_token, c.draft_ratio_to_first, c.observe_ms, c.observe_every_row_ms
         );
     }
     if let Some(out) = out {

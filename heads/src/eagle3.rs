@@ -19,9 +19,9 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
-pub use crate::decoder_layer::{CacheSegment, HeadCache, Outputs};
+pub use crate::decoder_layer::{CacheSegment, HeadCache};
 use crate::{
-    decoder_layer::{head_norm, open_weights, read_config, Attention, AttentionShape, HeadNorm, Mlp},
+    decoder_layer::{head_norm, open_weights, read_config, Attention, AttentionShape, HeadNorm, Mlp, Outputs},
     projection::{projection, Projection, WeightFormat},
     fingerprint::{check_head_target, ModelFingerprint},
 };

@@ -19,7 +19,7 @@ mod pth_fixture;
 
 pub use compute_pool::on_compute_pool;
 pub use eagle1::{Eagle1Config, Eagle1Head};
-pub use eagle3::{Eagle3Config, Eagle3Head, HeadCache};
+pub use eagle3::{CacheSegment, Eagle3Config, Eagle3Head, HeadCache};
 pub use fingerprint::ModelFingerprint;
 pub use logistic::{FeatureSpec, LogisticHead};
 pub use pivot::PivotMlp;

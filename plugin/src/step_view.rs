@@ -167,17 +167,35 @@ pub(crate) fn with_view_hidden<R>(
     ),
     body: impl FnOnce(&StepView) -> R,
 ) -> R {
-    use candle_core::{Device, Tensor};
+    use candle_core::Device;
     let to_tensor = |rows: &[Vec<f32>]| {
         Tensor::from_vec(rows.concat(), (rows.len(), rows[0].len()), &Device::Cpu).unwrap()
     };
     let (draft, target) = (to_tensor(draft_logits), to_tensor(target_logits));
+    with_tensors(&draft, &target, draft_tokens, sampling, (target_hidden, draft_hidden), |view| {
+        body(view.unwrap())
+    })
+}
+
+/// A [`StepView`] (or why there is none) over logits `draft` and `target` as given.
+#[cfg(test)]
+fn with_tensors<R>(
+    draft: &Tensor,
+    target: &Tensor,
+    draft_tokens: &[u32],
+    sampling: &SamplingSettings,
+    (target_hidden, draft_hidden): (
+        &mistralrs_core::speculative_hook::HiddenStates,
+        &mistralrs_core::speculative_hook::HiddenStates,
+    ),
+    body: impl FnOnce(Result<&StepView>) -> R,
+) -> R {
     let ctx = VerifyContext {
         seq_id: 0,
         prefix: &[],
         draft_tokens,
-        draft_logits: &draft,
-        target_logits: &target,
+        draft_logits: draft,
+        target_logits: target,
         target_hidden,
         draft_hidden,
         target_lm_head: None,
@@ -185,6 +203,45 @@ pub(crate) fn with_view_hidden<R>(
         draft_time: std::time::Duration::ZERO,
         verify_time: std::time::Duration::ZERO,
     };
-    let view = StepView::new(&ctx).unwrap();
-    body(&view)
+    match StepView::new(&ctx) {
+        Ok(view) => body(Ok(&view)),
+        Err(e) => body(Err(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+    use mistralrs_core::speculative_hook::HiddenStates;
+
+    use super::*;
+
+    fn refusal(draft: &Tensor, target: &Tensor) -> String {
+        let (none, sampling) = (HiddenStates::default(), SamplingSettings::default());
+        with_tensors(draft, target, &[0, 0], &sampling, (&none, &none), |view| match view {
+            Ok(_) => "accepted".to_string(),
+            Err(e) => e.to_string(),
+        })
+    }
+
+    #[test]
+    fn rows_are_read_where_asked_and_unreadable_logits_are_refused() {
+        let rows = |n: usize, vocab: usize| {
+            let values: Vec<f32> = (0..n * vocab).map(|i| ((i * 7) % 11) as f32).collect();
+            Tensor::from_vec(values, (n, vocab), &Device::Cpu).unwrap()
+        };
+        let (draft, target) = (rows(2, 5), rows(3, 5));
+        let (none, sampling) = (HiddenStates::default(), SamplingSettings::default());
+        with_tensors(&draft, &target, &[1, 2], &sampling, (&none, &none), |view| {
+            let view = view.unwrap();
+            assert_eq!(view.gamma(), 2);
+            assert_eq!(view.target_logits(2), target.get(2).unwrap().to_vec1::<f32>().unwrap());
+            assert_eq!(view.draft_log_probs(1).len(), 5);
+            assert_eq!(view.target_argmax(0), argmax(&target.get(0).unwrap().to_vec1::<f32>().unwrap()));
+        });
+        assert!(refusal(&draft, &rows(2, 5)).contains("target scored 2 positions for 2 drafts"));
+        assert!(refusal(&draft, &rows(3, 6)).contains("draft rows of 5 logits against target rows of 6"));
+        let half = target.to_dtype(DType::F16).unwrap();
+        assert!(refusal(&draft, &half).contains("F16 (target)"), "{}", refusal(&draft, &half));
+    }
 }
