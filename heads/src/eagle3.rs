@@ -604,26 +604,15 @@ mod tests {
         let mut a = HeadCache::default();
         head.forward(&random((3, 16), 1), &random((3, 16), 2), 0, &mut a).unwrap();
         let (mut b, mut a_last, mut b_last) = (HeadCache::default(), a.clone(), HeadCache::default());
-        let full = head
-            .forward_segments(
-                &e,
-                &h,
-                &mut [
-                    CacheSegment { start: 3, rows: 4, cache: &mut a },
-                    CacheSegment { start: 0, rows: 3, cache: &mut b },
-                ],
-            )
-            .unwrap();
-        let last = head
-            .forward_last_rows(
-                &e,
-                &h,
-                &mut [
-                    CacheSegment { start: 3, rows: 4, cache: &mut a_last },
-                    CacheSegment { start: 0, rows: 3, cache: &mut b_last },
-                ],
-            )
-            .unwrap();
+        let run = |last_rows: bool, a: &mut HeadCache, b: &mut HeadCache| {
+            let segments = &mut [CacheSegment { start: 3, rows: 4, cache: a }, CacheSegment { start: 0, rows: 3, cache: b }];
+            match last_rows {
+                true => head.forward_last_rows(&e, &h, segments).unwrap(),
+                false => head.forward_segments(&e, &h, segments).unwrap(),
+            }
+        };
+        let full = run(false, &mut a, &mut b);
+        let last = run(true, &mut a_last, &mut b_last);
         let picked = |t: &Tensor| Tensor::cat(&[t.narrow(0, 3, 1).unwrap(), t.narrow(0, 6, 1).unwrap()], 0).unwrap();
         assert_eq!(last.logits.dims(), &[2, config.vocab_size]);
         assert_eq!(last.hidden.dims(), &[2, 16]);
