@@ -15,7 +15,6 @@ use crate::{
 
 pub struct StepView<'a> {
     pub ctx: &'a VerifyContext<'a>,
-    gamma: usize,
     draft_logits: Vec<OnceCell<Vec<f32>>>,
     target_logits: Vec<OnceCell<Vec<f32>>>,
     draft_probs: Vec<OnceCell<Vec<f32>>>,
@@ -46,7 +45,6 @@ impl<'a> StepView<'a> {
         );
         Ok(Self {
             ctx,
-            gamma: drafts,
             draft_logits: vec![OnceCell::new(); drafts],
             target_logits: vec![OnceCell::new(); scored],
             draft_probs: vec![OnceCell::new(); drafts],
@@ -63,7 +61,7 @@ impl<'a> StepView<'a> {
 
     /// γ, the number of drafted tokens.
     pub fn gamma(&self) -> usize {
-        self.gamma
+        self.draft_logits.len()
     }
 
     pub fn draft_token(&self, position: usize) -> u32 {
