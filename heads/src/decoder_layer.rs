@@ -220,23 +220,21 @@ impl Attention {
     /// Projected rows `(t, heads · hd)` split into heads at positions `start..start + t`,
     /// RoPE applied to q and k.
     fn split_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let rope = self.rope_tables(start, q.dim(0)?, q.device())?;
         Ok((
-            self.heads_at(q, self.heads, Some(start))?,
-            self.heads_at(k, self.kv_heads, Some(start))?,
+            self.heads_at(q, self.heads, Some(&rope))?,
+            self.heads_at(k, self.kv_heads, Some(&rope))?,
             self.heads_at(v, self.kv_heads, None)?,
         ))
     }
 
-    /// Projected rows `(t, heads · hd)` as `(heads, t, hd)`, RoPE applied for positions
-    /// `start..start + t` when given.
-    fn heads_at(&self, y: &Tensor, heads: usize, start: Option<usize>) -> Result<Tensor> {
+    /// Projected rows `(t, heads · hd)` as `(heads, t, hd)`, RoPE applied with `rope`'s
+    /// (cos, sin) of their positions when given.
+    fn heads_at(&self, y: &Tensor, heads: usize, rope: Option<&(Tensor, Tensor)>) -> Result<Tensor> {
         let t = y.dim(0)?;
         let y = y.reshape((1, t, heads, self.head_dim))?.transpose(1, 2)?.contiguous()?;
-        let y = match start {
-            Some(start) => {
-                let (cos, sin) = self.rope_tables(start, t, y.device())?;
-                candle_nn::rotary_emb::rope_slow(&y, &cos, &sin)?
-            }
+        let y = match rope {
+            Some((cos, sin)) => candle_nn::rotary_emb::rope_slow(&y, cos, sin)?,
             None => y,
         };
         Ok(y.squeeze(0)?)
@@ -291,8 +289,11 @@ impl Attention {
         let (mut row, mut q_row) = (0, 0);
         for segment in segments.iter_mut() {
             let (rows, queried) = (segment.rows, outputs.of(segment.rows));
-            let q = self.heads_at(&q.narrow(0, q_row, queried)?, self.heads, Some(segment.start + rows - queried))?;
-            let k = self.heads_at(&k.narrow(0, row, rows)?, self.kv_heads, Some(segment.start))?;
+            // The queried rows are the segment's last: their RoPE rows are the keys' last.
+            let (cos, sin) = self.rope_tables(segment.start, rows, x.device())?;
+            let q_rope = (cos.narrow(0, rows - queried, queried)?, sin.narrow(0, rows - queried, queried)?);
+            let q = self.heads_at(&q.narrow(0, q_row, queried)?, self.heads, Some(&q_rope))?;
+            let k = self.heads_at(&k.narrow(0, row, rows)?, self.kv_heads, Some(&(cos, sin)))?;
             let v = self.heads_at(&v.narrow(0, row, rows)?, self.kv_heads, None)?;
             outs.push(self.merge_heads(&self.attend(&q, k, v, segment.start, segment.cache)?)?);
             row += rows;
