@@ -91,7 +91,7 @@ unsafe fn tile<const R: usize>(
     sums: &[[i32; 4]],
     nb: usize,
     r0: usize,
-    out: &mut [[__m256; 2]; 4],
+    out: &mut [[__m256; 2]; 8],
 ) {
     let nibble = _mm256_set1_epi8(0xF);
     let pf = prefetch_bytes();
@@ -148,7 +148,7 @@ unsafe fn tile<const R: usize>(
 pub fn matmul(m: usize, n: usize, nb: usize, acts: &[BlockQ8K], p: &[Q4KPanel], dst: &mut [f32], max_r: usize) {
     let sums: Vec<[i32; 4]> = acts.iter().map(group_sum_pairs).collect();
     let tiles = super::row_tiles(m, max_r);
-    let mut out = [[unsafe { _mm256_setzero_ps() }; 2]; 4];
+    let mut out = [[unsafe { _mm256_setzero_ps() }; 2]; 8];
     for pi in 0..n.div_ceil(LANES) {
         let ps = &p[pi * nb..(pi + 1) * nb];
         for &(r0, rn) in &tiles {
@@ -158,6 +158,10 @@ pub fn matmul(m: usize, n: usize, nb: usize, acts: &[BlockQ8K], p: &[Q4KPanel], 
                     2 => tile::<2>(ps, acts, &sums, nb, r0, &mut out),
                     3 => tile::<3>(ps, acts, &sums, nb, r0, &mut out),
                     4 => tile::<4>(ps, acts, &sums, nb, r0, &mut out),
+                    5 => tile::<5>(ps, acts, &sums, nb, r0, &mut out),
+                    6 => tile::<6>(ps, acts, &sums, nb, r0, &mut out),
+                    7 => tile::<7>(ps, acts, &sums, nb, r0, &mut out),
+                    8 => tile::<8>(ps, acts, &sums, nb, r0, &mut out),
                     _ => unreachable!(),
                 }
             }
