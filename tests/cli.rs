@@ -133,6 +133,16 @@ fn an_empty_batch_is_refused() {
 }
 
 #[test]
+fn zero_max_tokens_is_refused() {
+    let (_dir, config, data) = bench_fixture();
+    let (ok, text) = verdict(&[
+        "bench", "--config", &config, "--data-dir", &data, "--modes", "plain", "--max-tokens", "0",
+    ]);
+    assert!(!ok);
+    assert!(text.contains("--max-tokens 0"), "{text}");
+}
+
+#[test]
 fn missing_train_split_says_to_name_its_folder() {
     let (_dir, config, data) = bench_fixture();
     let (ok, text) = verdict(&[
