@@ -232,8 +232,9 @@ fn main() -> Result<()> {
             QuantKernel::hold_weights_once(quant_kernel == QuantKernel::RowInvariant);
             let mut config = Config::load(&config)?;
             if let Some(n) = max_tokens {
-                anyhow::ensure!(n > 0, "--max-tokens 0: pass at least 1");
                 config.sampling.max_tokens = n;
+                // The config's own checks judge the override as they judge the file.
+                config.validate().with_context(|| format!("--max-tokens {n}"))?;
             }
             let cache = models::cache_dir(config.models.cache_dir.as_deref());
             let report = bench::run(
