@@ -42,14 +42,14 @@ def tau(runs) -> tuple[float, float]:
 
 
 def load(paths):
-    """(problem, mode) -> run, the first report holding a pair winning."""
-    runs = {}
+    """mode -> problem -> run, the first report holding a (problem, mode) winning."""
+    by_mode = {}
     for path in paths:
         with open(path) as f:
             report = json.load(f)
         for r in report["runs"]:
-            runs.setdefault((r["problem"], r["mode"]), r)
-    return runs
+            by_mode.setdefault(r["mode"], {}).setdefault(r["problem"], r)
+    return by_mode
 
 
 def main() -> None:
@@ -59,9 +59,8 @@ def main() -> None:
     parser.add_argument("--ratio", action="append", default=[], help="A/B: τ of mode A over mode B")
     args = parser.parse_args()
 
-    runs = load(args.reports)
-    modes = sorted({m for _, m in runs}, key=lambda m: (m != args.baseline, m))
-    by_mode = {m: {p: r for (p, mm), r in runs.items() if mm == m} for m in modes}
+    by_mode = load(args.reports)
+    modes = sorted(by_mode, key=lambda m: (m != args.baseline, m))
     base = by_mode.get(args.baseline, {})
 
     print("| mode | problems | correct | τ | tokens / step | vs baseline: problems, identical, better / worse, McNemar p |")
@@ -69,8 +68,8 @@ def main() -> None:
     for m in modes:
         mine = by_mode[m]
         correct = sum(r["correct"] for r in mine.values())
-        spec = [r for r in mine.values() if r.get("counters")]
-        t, tps = tau(spec) if spec else (float("nan"), float("nan"))
+        speculative = [r for r in mine.values() if r.get("counters")]
+        t, tps = tau(speculative) if speculative else (float("nan"), float("nan"))
         paired = "–"
         if m != args.baseline and base:
             common = sorted(set(mine) & set(base))
