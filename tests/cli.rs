@@ -16,7 +16,7 @@ fn verdict(args: &[&str]) -> (bool, String) {
 fn help_lists_every_command() {
     let (ok, text) = verdict(&["--help"]);
     assert!(ok, "{text}");
-    for command in ["serve", "generate", "bench", "fetch-models", "fetch-data", "forward-cost", "plot"] {
+    for command in ["serve", "generate", "bench", "fetch-models", "fetch-data", "forward-cost", "plot", "pool-reports"] {
         assert!(text.contains(command), "{command} missing from:\n{text}");
     }
 }
@@ -96,9 +96,9 @@ fn unknown_model_name_lists_the_known_ones() {
     );
 }
 
-/// A config and a three-problem GSM8K folder; bench errors about the selection come before
-/// any model is loaded.
-fn bench_fixture() -> (tempfile::TempDir, String, String) {
+/// `verdict bench` on a config and a three-problem GSM8K folder, with `extra` arguments:
+/// it must refuse them before any model is loaded. What it said.
+fn bench_refusal(extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("c.toml");
     std::fs::write(&config, "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n").unwrap();
@@ -106,48 +106,36 @@ fn bench_fixture() -> (tempfile::TempDir, String, String) {
     std::fs::create_dir(&data).unwrap();
     let problem = "{\"question\": \"q\", \"answer\": \"a\\n#### 1\"}\n";
     std::fs::write(data.join("test.jsonl"), problem.repeat(3)).unwrap();
-    let (config, data) = (config.to_str().unwrap().to_string(), data.to_str().unwrap().to_string());
-    (dir, config, data)
+    let mut args = vec!["bench", "--config", config.to_str().unwrap(), "--data-dir", data.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (ok, text) = verdict(&args);
+    assert!(!ok, "bench {extra:?} was accepted: {text}");
+    text
 }
 
 #[test]
 fn problem_ids_out_of_range_are_named() {
-    let (dir, config, data) = bench_fixture();
+    let dir = tempfile::tempdir().unwrap();
     let ids = dir.path().join("ids.txt");
     std::fs::write(&ids, "0\n3\n").unwrap();
-    let (ok, text) = verdict(&[
-        "bench", "--config", &config, "--data-dir", &data, "--ids", ids.to_str().unwrap(),
-    ]);
-    assert!(!ok);
+    let text = bench_refusal(&["--ids", ids.to_str().unwrap()]);
     assert!(text.contains("ids.txt:2") && text.contains("problem 3 is out of range"), "{text}");
 }
 
 #[test]
 fn an_empty_batch_is_refused() {
-    let (_dir, config, data) = bench_fixture();
-    let (ok, text) = verdict(&[
-        "bench", "--config", &config, "--data-dir", &data, "--modes", "plain,exact", "--batch", "0",
-    ]);
-    assert!(!ok);
+    let text = bench_refusal(&["--modes", "plain,exact", "--batch", "0"]);
     assert!(text.contains("--batch 0"), "{text}");
 }
 
 #[test]
 fn zero_max_tokens_is_refused() {
-    let (_dir, config, data) = bench_fixture();
-    let (ok, text) = verdict(&[
-        "bench", "--config", &config, "--data-dir", &data, "--modes", "plain", "--max-tokens", "0",
-    ]);
-    assert!(!ok);
+    let text = bench_refusal(&["--modes", "plain", "--max-tokens", "0"]);
     assert!(text.contains("--max-tokens 0"), "{text}");
 }
 
 #[test]
 fn missing_train_split_says_to_name_its_folder() {
-    let (_dir, config, data) = bench_fixture();
-    let (ok, text) = verdict(&[
-        "bench", "--config", &config, "--data-dir", &data, "--split", "train",
-    ]);
-    assert!(!ok);
+    let text = bench_refusal(&["--split", "train"]);
     assert!(text.contains("train.jsonl") && text.contains("--data-dir"), "{text}");
 }

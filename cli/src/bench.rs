@@ -28,6 +28,7 @@ use verdict::{
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
+    sv::latency::VerifyLatency,
 };
 
 /// One way of decoding compared by the bench: `plain` (the target alone), or the name of
@@ -567,14 +568,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         false => Vec::new(),
     };
     let summaries = summarise(&runs, &options.modes);
-    // T_v as each mode's proposer learned it by the end (`tvlearn`), [rows, ms].
-    let learned_verify_ms: BTreeMap<String, Vec<(usize, f64)>> = eagle_proposers
+    // T_v as each mode's proposer learned it by the end (`tvlearn`); the report has [rows, ms].
+    let learned: BTreeMap<String, VerifyLatency> = eagle_proposers
         .iter()
-        .filter_map(|(mode, p)| Some((mode.name(), p.learned_latency()?.current().points().to_vec())))
+        .filter_map(|(mode, p)| Some((mode.name(), p.learned_latency()?.current().clone())))
         .collect();
-    for (mode, points) in &learned_verify_ms {
-        let shown: Vec<String> = points.iter().take(8).map(|(n, ms)| format!("{n}: {ms:.1}")).collect();
-        tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", shown.join(", "));
+    for (mode, latency) in &learned {
+        tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", latency.describe(8));
     }
     let report = serde_json::json!({
         "dataset": "gsm8k",
@@ -590,7 +590,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "prefix_cache_mb": prefix_cache_bytes.map(|b| b >> 20),
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
-        "learned_verify_ms": learned_verify_ms,
+        "learned_verify_ms": learned.iter().map(|(mode, l)| (mode, l.points())).collect::<BTreeMap<_, _>>(),
         "divergences": divergences,
         "runs": runs,
     });

@@ -1,5 +1,5 @@
 //! The `verdict` command's parts: the OpenAI-compatible server, the benchmark and its paired
-//! statistics, plots, forward and matmul cost probes, fetching models and datasets, and the
+//! statistics, pooling of bench reports, plots, forward and matmul cost probes, fetching models and datasets, and the
 //! task adapters (GSM8K) that benchmarks and `train-head` share. A deployment that embeds the
 //! `verdict` library compiles none of this.
 
@@ -14,6 +14,7 @@ pub mod openai_conventions;
 pub mod paired;
 pub mod plot;
 pub mod plot_load;
+pub mod pool;
 pub mod server;
 pub mod subset;
 pub mod tasks;

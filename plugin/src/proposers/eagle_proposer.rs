@@ -25,7 +25,12 @@ use super::{
 };
 use crate::{
     models::ModelSource,
-    sv::{keep_rates::KeepRates, learned_latency::LearnedLatency, verify_budget::VerifyBudget},
+    sv::{
+        keep_rates::KeepRates,
+        latency_store::{LatencyStore, SAVE_EVERY_SAMPLES},
+        learned_latency::LearnedLatency,
+        verify_budget::VerifyBudget,
+    },
 };
 
 pub struct EagleProposer {
@@ -66,6 +71,9 @@ pub struct EagleProposer {
     /// T_v learned from this machine's steps (`sv.learn_verify_ms`): SV prices rows by it
     /// instead of the budget's own.
     learned_latency: Option<Mutex<LearnedLatency>>,
+    /// Where the learned T_v is kept across runs (`sv.learned_verify_ms_file`), and the
+    /// samples of the runs before this one.
+    latency_store: Option<(LatencyStore, u64)>,
     /// The sequences of the step being drafted and verified, and when its drafting began.
     step_in_flight: Mutex<Option<(Vec<usize>, Instant)>>,
 }
@@ -128,6 +136,7 @@ impl EagleProposer {
             packed_verify_rows: true,
             batched_calls: AtomicUsize::new(0),
             learned_latency: None,
+            latency_store: None,
             step_in_flight: Mutex::new(None),
         })
     }
@@ -197,6 +206,13 @@ impl EagleProposer {
         self
     }
 
+    /// Keep the learned T_v in `store` (after `earlier_samples` from earlier runs): saved
+    /// every [`SAVE_EVERY_SAMPLES`] steps timed and when the proposer is dropped.
+    pub fn with_latency_store(mut self, store: Option<(LatencyStore, u64)>) -> Self {
+        self.latency_store = store;
+        self
+    }
+
     /// T_v as learned so far, if learning (for logs and tests).
     pub fn learned_latency(&self) -> Option<LearnedLatency> {
         self.learned_latency.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()).clone())
@@ -246,7 +262,22 @@ impl EagleProposer {
     /// verified rows (the whole step the proposer prices) is a sample of T_v at its rows.
     fn record_step_timing(&self, step: Option<(usize, Instant)>) {
         if let (Some(learned), Some((rows, started))) = (&self.learned_latency, step) {
-            learned.lock().unwrap_or_else(|e| e.into_inner()).record(rows, started.elapsed().as_secs_f64() * 1e3);
+            let mut learned = learned.lock().unwrap_or_else(|e| e.into_inner());
+            learned.record(rows, started.elapsed().as_secs_f64() * 1e3);
+            if learned.samples() % SAVE_EVERY_SAMPLES == 0 {
+                self.save_learned_latency(&learned);
+            }
+        }
+    }
+
+    /// Save the learned T_v where it is kept, if it is; a failed save is logged, never
+    /// fatal to decoding.
+    fn save_learned_latency(&self, learned: &LearnedLatency) {
+        if let Some((store, earlier)) = &self.latency_store {
+            match store.save(learned, *earlier) {
+                Ok(()) => tracing::debug!("SV: learned T_v saved to {} ({} steps)", store.path().display(), earlier + learned.samples()),
+                Err(e) => tracing::warn!("SV: cannot save the learned T_v: {e:#}"),
+            }
         }
     }
 
@@ -470,6 +501,19 @@ impl EagleProposer {
                 (drafts.tokens, drafts.logits)
             })
             .collect())
+    }
+}
+
+/// The steps timed since the last save are saved when the engine lets go of its proposer
+/// (a server stopping, a bench mode done).
+impl Drop for EagleProposer {
+    fn drop(&mut self) {
+        if let Some(learned) = &self.learned_latency {
+            let learned = learned.lock().unwrap_or_else(|e| e.into_inner());
+            if learned.samples() % SAVE_EVERY_SAMPLES != 0 {
+                self.save_learned_latency(&learned);
+            }
+        }
     }
 }
 
@@ -847,6 +891,23 @@ mod tests {
         tokens.push(5);
         observe(&q, 1, &tokens, 6, &features);
         assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
+        // Kept across runs: saved when the proposer goes, with the earlier runs' samples.
+        let dir = tempfile::tempdir().unwrap();
+        let target = ModelFingerprint {
+            architecture: "qwen2".into(),
+            hidden_size: HIDDEN,
+            num_layers: 2,
+            vocab_size: 64,
+            tokenizer_sha256: "0".repeat(64),
+            source: String::new(),
+        };
+        let store = LatencyStore::on_machine(dir.path().join("tv.json"), target, "m".into());
+        let learned = q.learned_latency().unwrap();
+        let kept = proposers(1).remove(0).with_learned_latency(Some(learned.clone())).with_latency_store(Some((store.clone(), 7)));
+        drop(kept);
+        let (kept_latency, kept_samples) = store.load().unwrap().unwrap();
+        assert!(crate::sv::latency_store::tests::same_latency(&kept_latency, learned.current()));
+        assert_eq!(kept_samples, 7 + learned.samples());
     }
 
     #[test]

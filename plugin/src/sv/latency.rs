@@ -49,6 +49,12 @@ impl VerifyLatency {
         &self.points
     }
 
+    /// "1: 48.7, 2: 59.9, …" over the first `count` points, for logs.
+    pub fn describe(&self, count: usize) -> String {
+        let shown: Vec<String> = self.points.iter().take(count).map(|(n, ms)| format!("{n}: {ms:.1}")).collect();
+        shown.join(", ")
+    }
+
     /// Milliseconds of a verify over `rows` rows (at least one: the last committed token).
     pub fn at(&self, rows: usize) -> f64 {
         let rows = rows.max(1);
@@ -97,6 +103,7 @@ mod tests {
         // Past 8: the last slope, (59 − 41.8) / 3 a row.
         assert!((t.at(11) - (59.0 + 3.0 * 17.2 / 3.0)).abs() < 1e-9);
         assert!((t.at(0) - 34.6).abs() < 1e-9, "0 rows counts as one");
+        assert_eq!(t.describe(2), "1: 34.6, 5: 41.8");
     }
 
     #[test]

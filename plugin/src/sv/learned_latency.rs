@@ -46,6 +46,8 @@ pub struct LearnedLatency {
     by_rows: BTreeMap<usize, Fading>,
     /// The estimate, refitted after each sample.
     current: VerifyLatency,
+    /// Samples taken (bad ones ignored, clipped ones counted).
+    samples: u64,
 }
 
 /// Samples the prior counts as at each row count.
@@ -62,7 +64,7 @@ impl LearnedLatency {
     pub fn new(prior: VerifyLatency, prior_weight: f64, memory: f64) -> Result<Self> {
         ensure!(prior_weight.is_finite() && prior_weight > 0.0, "T_v prior weight must be > 0, got {prior_weight}");
         ensure!((0.0..=1.0).contains(&memory) && memory > 0.0, "T_v memory must be in (0, 1], got {memory}");
-        Ok(Self { current: prior.clone(), prior, prior_weight, memory, scale: Fading::default(), by_rows: BTreeMap::new() })
+        Ok(Self { current: prior.clone(), prior, prior_weight, memory, scale: Fading::default(), by_rows: BTreeMap::new(), samples: 0 })
     }
 
     /// Where learning starts with no table: a one-row verify of 50 ms and 15 % more per
@@ -92,6 +94,12 @@ impl LearnedLatency {
         self.scale.add(ms / self.prior.at(rows), self.memory);
         self.by_rows.entry(rows).or_default().add(ms, self.memory);
         self.current = self.fit();
+        self.samples += 1;
+    }
+
+    /// Samples taken so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
     }
 
     /// T_v as learned so far (the prior until the first sample).
@@ -156,6 +164,7 @@ mod tests {
         // Prior: 40 ms + 5 ms a row. One step of 3 rows took 100 ms, twice the prior's 50.
         let mut learned = LearnedLatency::new(VerifyLatency::linear(40.0, 5.0), 3.0, 1.0).unwrap();
         learned.record(3, 100.0);
+        assert_eq!(learned.samples(), 1);
         let t = learned.current();
         // Unmeasured counts: the prior doubled.
         assert!(close(t.at(1), 80.0), "{}", t.at(1));
@@ -220,6 +229,7 @@ mod tests {
         learned.record(2, f64::NAN);
         learned.record(2, -1.0);
         assert_eq!(learned, before);
+        assert_eq!(learned.samples(), 2);
     }
 
     #[test]

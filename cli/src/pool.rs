@@ -1,0 +1,218 @@
+//! Several `verdict bench` reports pooled over the union of their problems, mode by mode
+//! (`verdict pool-reports`). A 50-problem run cannot settle a few per cent of τ or a few
+//! points of accuracy, and a longer comparison is often split over reports (problems 0–49
+//! in one, 50–199 in another, one mode per run).
+//!
+//! Each (problem, mode) counts once, from the first report that has it. τ is pooled over
+//! all steps as the bench computes it for one run; a mode is paired with the baseline on
+//! the problems both have. Tokens/s are not pooled: reports from different processes saw
+//! different machine speeds.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use verdict::metrics::Counters;
+
+use crate::{
+    bench::{Mode, Run},
+    paired::{paired_stats, Pair, PairedStats},
+};
+
+/// Every mode's runs by problem.
+pub type RunsByMode = BTreeMap<Mode, BTreeMap<usize, Run>>;
+
+/// The part of a bench report pooled here.
+#[derive(Deserialize)]
+struct Report {
+    runs: Vec<Run>,
+}
+
+/// The runs of `reports`, the first report holding a (problem, mode) winning.
+pub fn load(reports: &[PathBuf]) -> Result<RunsByMode> {
+    let mut by_mode = RunsByMode::new();
+    for path in reports {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let report: Report = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a `verdict bench` report (its --out file)", path.display()))?;
+        for run in report.runs {
+            by_mode.entry(run.mode.clone()).or_default().entry(run.problem).or_insert(run);
+        }
+    }
+    Ok(by_mode)
+}
+
+/// One mode over the pooled problems.
+#[derive(Clone, Debug)]
+pub struct PooledMode {
+    pub mode: Mode,
+    pub problems: usize,
+    pub correct: usize,
+    /// Step counters summed over the problems (none for plain decoding).
+    pub counters: Option<Counters>,
+    /// Against the baseline on the problems both ran: texts identical, and the pairing.
+    pub against_baseline: Option<(usize, PairedStats)>,
+}
+
+/// Each mode pooled, the baseline first.
+pub fn pool(by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
+    let base = by_mode.get(baseline);
+    let mut modes: Vec<&Mode> = by_mode.keys().collect();
+    modes.sort_by_key(|m| (*m != baseline, (*m).clone()));
+    modes
+        .into_iter()
+        .map(|mode| {
+            let mine = &by_mode[mode];
+            let against_baseline = base.filter(|_| mode != baseline).map(|base| {
+                let common: Vec<usize> = mine.keys().filter(|p| base.contains_key(p)).copied().collect();
+                let identical = common.iter().filter(|p| mine[p].text == base[p].text).count();
+                let pairs: Vec<Pair> = common
+                    .iter()
+                    .map(|p| Pair {
+                        plain_correct: base[p].correct,
+                        mode_correct: mine[p].correct,
+                        same_answer: mine[p].answer == base[p].answer,
+                    })
+                    .collect();
+                (identical, paired_stats(&pairs))
+            });
+            PooledMode {
+                mode: mode.clone(),
+                problems: mine.len(),
+                correct: mine.values().filter(|r| r.correct).count(),
+                counters: summed(mine.values()),
+                against_baseline,
+            }
+        })
+        .collect()
+}
+
+/// The runs' step counters added up; `None` when none has any.
+fn summed<'a>(runs: impl Iterator<Item = &'a Run>) -> Option<Counters> {
+    runs.filter_map(|r| r.counters.as_ref()).fold(None, |total: Option<Counters>, c| {
+        Some(match total {
+            None => c.clone(),
+            Some(total) => total.plus(c),
+        })
+    })
+}
+
+/// τ of mode `a` and of mode `b` on the problems both have, and how many those are.
+pub fn tau_ratio(by_mode: &RunsByMode, a: &Mode, b: &Mode) -> Result<(usize, f64, f64)> {
+    let (Some(runs_a), Some(runs_b)) = (by_mode.get(a), by_mode.get(b)) else {
+        let known: Vec<&str> = by_mode.keys().map(|m| m.0.as_str()).collect();
+        bail!("--ratio {}/{}: the modes in these reports are {}", a.0, b.0, known.join(", "));
+    };
+    let common: Vec<usize> = runs_a.keys().filter(|p| runs_b.contains_key(p)).copied().collect();
+    let tau = |runs: &BTreeMap<usize, Run>| {
+        summed(common.iter().map(|p| &runs[p])).map_or(f64::NAN, |c| c.mean_acceptance_length())
+    };
+    Ok((common.len(), tau(runs_a), tau(runs_b)))
+}
+
+/// The pooled modes as a Markdown table.
+pub fn table(pooled: &[PooledMode]) -> String {
+    let mut out = String::from(
+        "| mode | problems | correct | τ | tokens / step | vs baseline: problems, identical texts, better / worse, McNemar p |\n|---|---|---|---|---|---|\n",
+    );
+    for m in pooled {
+        let (tau, per_step) = match &m.counters {
+            Some(c) if c.steps > 0 => (
+                format!("{:.3}", c.mean_acceptance_length()),
+                format!("{:.3}", c.emitted_tokens as f64 / c.steps as f64),
+            ),
+            _ => ("–".into(), "–".into()),
+        };
+        let paired = m.against_baseline.as_ref().map_or("–".into(), |(identical, s)| {
+            format!("{}, {identical}, {} / {}, {:.2}", s.problems, s.better, s.worse, s.mcnemar_p)
+        });
+        out += &format!("| {} | {} | {} | {tau} | {per_step} | {paired} |\n", m.mode.0, m.problems, m.correct);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(problem: usize, mode: &str, correct: bool, text: &str, steps_accepted: Option<(u64, u64)>) -> Run {
+        Run {
+            problem,
+            mode: Mode(mode.into()),
+            correct,
+            answer: Some(if correct { "1" } else { "2" }.into()),
+            text: text.into(),
+            completion_tokens: 10,
+            seconds: 1.0,
+            counters: steps_accepted.map(|(steps, accepted)| Counters {
+                steps,
+                accepted_tokens: accepted,
+                emitted_tokens: steps + accepted,
+                ..Counters::default()
+            }),
+            batch_size: 1,
+        }
+    }
+
+    fn report(dir: &std::path::Path, name: &str, runs: Vec<Run>) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::json!({ "summary": [], "runs": runs }).to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn modes_pool_over_the_union_of_problems_each_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = report(
+            dir.path(),
+            "a.json",
+            vec![
+                run(0, "plain", true, "x", None),
+                run(1, "plain", false, "y", None),
+                run(0, "exact", true, "x", Some((10, 10))),
+                run(1, "exact", true, "z", Some((10, 5))),
+            ],
+        );
+        // Problem 1 again (the first report wins), and problem 2, only here.
+        let second = report(
+            dir.path(),
+            "b.json",
+            vec![run(1, "exact", false, "w", Some((100, 0))), run(2, "exact", false, "v", Some((20, 5)))],
+        );
+        let by_mode = load(&[first, second]).unwrap();
+        let pooled = pool(&by_mode, &Mode::plain());
+        assert_eq!(pooled[0].mode, Mode::plain(), "the baseline first");
+        assert!(pooled[0].against_baseline.is_none() && pooled[0].counters.is_none());
+        let exact = &pooled[1];
+        assert_eq!((exact.problems, exact.correct), (3, 2));
+        // τ over all steps: 1 + (10 + 5 + 5) / (10 + 10 + 20); tokens a step: (20 + 15 + 25) / 40.
+        assert!((exact.counters.as_ref().unwrap().mean_acceptance_length() - 1.5).abs() < 1e-12);
+        // Against plain on problems 0 and 1: one identical text, one better, none worse.
+        let (identical, stats) = exact.against_baseline.as_ref().unwrap();
+        assert_eq!((stats.problems, *identical, stats.better, stats.worse), (2, 1, 1, 0));
+        let shown = table(&pooled);
+        assert!(shown.contains("| exact | 3 | 2 | 1.500 | 1.500 | 2, 1, 1 / 0, 1.00 |"), "{shown}");
+        assert!(shown.contains("| plain | 2 | 1 | – | – | – |"), "{shown}");
+    }
+
+    #[test]
+    fn a_tau_ratio_takes_the_problems_both_modes_have() {
+        let by_mode = RunsByMode::from([
+            (Mode("a".into()), BTreeMap::from([(0, run(0, "a", true, "", Some((10, 10)))), (1, run(1, "a", true, "", Some((10, 0))))])),
+            (Mode("b".into()), BTreeMap::from([(0, run(0, "b", true, "", Some((10, 5))))])),
+        ]);
+        let (problems, a, b) = tau_ratio(&by_mode, &Mode("a".into()), &Mode("b".into())).unwrap();
+        assert_eq!((problems, a, b), (1, 2.0, 1.5));
+        let err = tau_ratio(&by_mode, &Mode("a".into()), &Mode("c".into())).unwrap_err().to_string();
+        assert!(err.contains("a/c") && err.contains("a, b"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_report_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("load.json");
+        std::fs::write(&path, "{\"levels\": []}").unwrap();
+        let err = format!("{:#}", load(&[path]).unwrap_err());
+        assert!(err.contains("load.json") && err.contains("bench"), "{err}");
+    }
+}
