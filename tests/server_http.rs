@@ -148,7 +148,7 @@ impl TestServer {
             let router = server::router(&engine, metrics.clone()).await.unwrap();
             let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
             let addr = listener.local_addr().unwrap();
-            tokio::spawn(server::serve(router, listener));
+            tokio::spawn(server::serve(router, listener, std::future::pending()));
             (addr, engine)
         });
         Self {

@@ -10,6 +10,7 @@ use verdict::{
     kernels::{ForwardThread, QuantKernel},
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
+    proposers::eagle_proposer::EagleProposer,
 };
 use verdict_cli::{
     bench::{self, BenchOptions, Mode},
@@ -365,26 +366,29 @@ fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, 
 }
 
 /// The engine the config asks for: speculative with its judge stack, or plain.
+/// The engine `config` asks for, and its EAGLE proposer when it drafts with one.
 async fn build_engine(
     config: &Config,
     models: &LoadedModels,
     metrics: Arc<Metrics>,
-) -> Result<Engine> {
+) -> Result<(Engine, Option<Arc<EagleProposer>>)> {
     let s = &config.speculative;
     if s.enabled {
         let stack = models.configured_stack(config)?;
         match s.proposer {
             ProposerKind::DraftModel => {
-                Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await
+                Ok((Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await?, None))
             }
             ProposerKind::Eagle => {
                 let proposer = models.eagle_proposer(config)?;
-                Engine::with_proposer(models, proposer, s.gamma, stack, s.seed, metrics, &config.server)
-                    .await
+                let engine =
+                    Engine::with_proposer(models, proposer.clone(), s.gamma, stack, s.seed, metrics, &config.server)
+                        .await?;
+                Ok((engine, Some(proposer)))
             }
         }
     } else {
-        Ok(Engine::plain(models, &config.server).await)
+        Ok((Engine::plain(models, &config.server).await, None))
     }
 }
 
@@ -393,10 +397,16 @@ fn serve(config: &Config, port: Option<u16>) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
-        let engine = build_engine(config, &models, metrics.clone()).await?;
+        let (engine, proposer) = build_engine(config, &models, metrics.clone()).await?;
         let router = server::router(&engine, metrics).await?;
         let addr = SocketAddr::new(config.server.host, port.unwrap_or(config.server.port));
-        server::serve(router, server::bind(addr).await?).await
+        server::serve(router, server::bind(addr).await?, server::stop_signal()).await?;
+        if let Some(proposer) = proposer {
+            proposer.keep_learned_latency();
+        }
+        // The engine thread may be mid-step and never returns; what must outlive the
+        // process is saved, so end it here, as a signal would have.
+        std::process::exit(0)
     })
 }
 
@@ -405,7 +415,7 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
-        let engine = build_engine(config, &models, metrics.clone()).await?;
+        let (engine, _) = build_engine(config, &models, metrics.clone()).await?;
         let prompt = if raw { Prompt::Text(prompt.into()) } else { Prompt::Chat(prompt.into()) };
         let g = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
         engine.settle().await;

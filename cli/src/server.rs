@@ -1,6 +1,6 @@
 //! `verdict serve`: mistral.rs's OpenAI-compatible server plus Prometheus `/metrics`.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{future::{Future, IntoFuture}, net::SocketAddr, sync::Arc};
 
 use anyhow::{Context, Result};
 use axum::{http::header::CONTENT_TYPE, routing::get, Router};
@@ -45,12 +45,59 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
-/// Serve `router` on `listener` until the process ends.
-pub async fn serve(router: Router, listener: TcpListener) -> Result<()> {
+/// Serve `router` on `listener` until `stop` completes (e.g. [`stop_signal`]). Requests in
+/// flight are not waited for: a stopped server drops them, as a killed one did.
+pub async fn serve(router: Router, listener: TcpListener, stop: impl Future<Output = ()>) -> Result<()> {
     tracing::info!(
         "serving on http://{} (OpenAI routes under /v1, metrics at /metrics)",
         listener.local_addr()?
     );
-    axum::serve(listener, router).await?;
+    tokio::select! {
+        served = axum::serve(listener, router).into_future() => served?,
+        () = stop => tracing::info!("stopping"),
+    }
     Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix (what `kill` and service managers send).
+pub async fn stop_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn serving_ends_when_told_to_stop() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let (tell, told) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(serve(Router::new(), listener, async {
+            let _ = told.await;
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!serving.is_finished(), "it serves until told");
+        tell.send(()).unwrap();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), serving).await;
+        assert!(ended.expect("it stops within 10 s").unwrap().is_ok());
+    }
 }

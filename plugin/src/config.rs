@@ -227,8 +227,8 @@ pub struct SvConfig {
     pub learn_verify_ms: Option<bool>,
     /// Where T_v learned on this machine is kept (relative to the config file): learning
     /// starts from it when it was learned for this target on this machine, and it is saved
-    /// every 64 timed steps and when the engine lets go of the head. Unset: every run
-    /// learns afresh.
+    /// every 64 timed steps, when the engine lets go of the head and when `verdict serve`
+    /// stops on a signal. Unset: every run learns afresh.
     pub learned_verify_ms_file: Option<PathBuf>,
     /// Milliseconds a step costs besides its verify (drafting), added to every T_v.
     pub fixed_ms: f64,

@@ -281,6 +281,17 @@ impl EagleProposer {
         }
     }
 
+    /// Save the learned T_v now if steps were timed since its last save (a server stopping
+    /// on a signal, where no destructor runs).
+    pub fn keep_learned_latency(&self) {
+        if let Some(learned) = &self.learned_latency {
+            let learned = learned.lock().unwrap_or_else(|e| e.into_inner());
+            if learned.samples() % SAVE_EVERY_SAMPLES != 0 {
+                self.save_learned_latency(&learned);
+            }
+        }
+    }
+
     /// Keep at most `bytes` of finished sequences' head caches (0: keep none).
     pub fn with_prefix_cache_bytes(self, bytes: usize) -> Self {
         *self.prefix_cache() = HeadPrefixCache::new(bytes);
@@ -505,15 +516,10 @@ impl EagleProposer {
 }
 
 /// The steps timed since the last save are saved when the engine lets go of its proposer
-/// (a server stopping, a bench mode done).
+/// (a bench mode done, a program's engine dropped).
 impl Drop for EagleProposer {
     fn drop(&mut self) {
-        if let Some(learned) = &self.learned_latency {
-            let learned = learned.lock().unwrap_or_else(|e| e.into_inner());
-            if learned.samples() % SAVE_EVERY_SAMPLES != 0 {
-                self.save_learned_latency(&learned);
-            }
-        }
+        self.keep_learned_latency();
     }
 }
 
