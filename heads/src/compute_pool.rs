@@ -18,6 +18,11 @@ pub fn on_compute_pool<R: Send>(device: &Device, work: impl FnOnce() -> R + Send
     rayon::scope(|_| work())
 }
 
+/// Threads the CPU kernels split a forward over (rayon's global pool).
+pub fn compute_threads() -> usize {
+    rayon::current_num_threads()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use verdict_heads::ModelFingerprint;
+use verdict_heads::{compute_pool::compute_threads, ModelFingerprint};
 
 use super::{latency::VerifyLatency, learned_latency::LearnedLatency};
 
@@ -112,20 +112,28 @@ impl LatencyStore {
     }
 }
 
-/// The CPU's model name and the threads available: what a verify row's cost depends on
-/// besides the target.
+/// The CPU (its model name, and family and model number where the name is generic, as in
+/// many virtual machines) and the threads the kernels use: what a verify row's cost depends
+/// on besides the target.
 pub fn this_machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, name)| name.trim().to_string())
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| cpu_of(&info));
+    let cpu = cpu.unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    format!("{cpu}, {} threads", compute_threads())
+}
+
+/// "NAME (family F, model M)" from the first processor of a `/proc/cpuinfo`.
+fn cpu_of(cpuinfo: &str) -> Option<String> {
+    let field = |key: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
         })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{cpu}, {threads} threads")
+    };
+    let name = field("model name")?;
+    Some(match (field("cpu family"), field("model")) {
+        (Some(family), Some(model)) => format!("{name} (family {family}, model {model})"),
+        _ => name,
+    })
 }
 
 #[cfg(test)]
@@ -194,7 +202,11 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_machine_names_its_threads() {
+    fn the_machine_names_its_cpu_and_threads() {
         assert!(this_machine().ends_with(" threads"), "{}", this_machine());
+        let info = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\nprocessor\t: 1\nmodel name\t: AMD EPYC\n";
+        assert_eq!(cpu_of(info).as_deref(), Some("AMD EPYC (family 25, model 1)"));
+        assert_eq!(cpu_of("model name\t: Some CPU\n").as_deref(), Some("Some CPU"));
+        assert_eq!(cpu_of("processor\t: 0\n"), None);
     }
 }
