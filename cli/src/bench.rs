@@ -717,6 +717,18 @@ async fn explain_divergences(
     Ok(out)
 }
 
+/// A problem's run in some mode against its run in the mode it is compared with (plain
+/// decoding): correct each way, and whether both committed to the same GSM8K answer.
+pub fn pair(baseline: &Run, run: &Run) -> Pair {
+    let task = gsm8k::Gsm8k;
+    let same_answer = match (task.committed_answer(&baseline.text), task.committed_answer(&run.text)) {
+        (Some(x), Some(y)) => task.answers_equivalent(&x, &y),
+        (None, None) => true,
+        _ => false,
+    };
+    Pair { plain_correct: baseline.correct, mode_correct: run.correct, same_answer }
+}
+
 pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
     let task = gsm8k::Gsm8k;
     let plain_runs: BTreeMap<usize, &Run> = runs
@@ -726,11 +738,6 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
         .collect();
     let plain_text: BTreeMap<usize, &str> =
         plain_runs.iter().map(|(&i, r)| (i, r.text.as_str())).collect();
-    let same_answer = |a: &Run, b: &Run| match (task.committed_answer(&a.text), task.committed_answer(&b.text)) {
-        (Some(x), Some(y)) => task.answers_equivalent(&x, &y),
-        (None, None) => true,
-        _ => false,
-    };
     let tokens_per_second = |mode: &Mode| {
         let (tokens, seconds) = runs
             .iter()
@@ -749,26 +756,12 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
         .iter()
         .map(|mode| {
             let mine: Vec<&Run> = runs.iter().filter(|r| &r.mode == mode).collect();
-            let counters =
-                mine.iter()
-                    .filter_map(|r| r.counters.as_ref())
-                    .fold(None::<Counters>, |acc, c| {
-                        Some(match acc {
-                            None => c.clone(),
-                            Some(total) => total.plus(c),
-                        })
-                    });
+            let counters = Counters::total(mine.iter().filter_map(|r| r.counters.as_ref()));
             let tps = tokens_per_second(mode);
             let seconds: f64 = mine.iter().map(|r| r.seconds).sum();
             let pairs: Vec<Pair> = mine
                 .iter()
-                .filter_map(|r| {
-                    plain_runs.get(&r.problem).map(|p| Pair {
-                        plain_correct: p.correct,
-                        mode_correct: r.correct,
-                        same_answer: same_answer(p, r),
-                    })
-                })
+                .filter_map(|r| plain_runs.get(&r.problem).map(|p| pair(p, r)))
                 .collect();
             ModeSummary {
                 mode: mode.name(),

@@ -1,6 +1,6 @@
 //! The `verdict` command's parts: the OpenAI-compatible server, the benchmark and its paired
-//! statistics, pooling of bench reports, plots, forward and matmul cost probes, fetching models and datasets, and the
-//! task adapters (GSM8K) that benchmarks and `train-head` share. A deployment that embeds the
+//! statistics, pooling of bench reports, plots, forward and matmul cost probes, fetching
+//! models and datasets, and the task adapters (GSM8K) that benchmarks and `train-head` share. A deployment that embeds the
 //! `verdict` library compiles none of this.
 
 pub mod bench;

@@ -365,8 +365,8 @@ fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, 
     Ok(())
 }
 
-/// The engine the config asks for: speculative with its judge stack, or plain.
-/// The engine `config` asks for, and its EAGLE proposer when it drafts with one.
+/// The engine the config asks for (speculative with its judge stack, or plain), and its
+/// EAGLE proposer when it drafts with one.
 async fn build_engine(
     config: &Config,
     models: &LoadedModels,

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use verdict::metrics::Counters;
 
 use crate::{
-    bench::{Mode, Run},
+    bench::{pair, Mode, Run},
     paired::{paired_stats, Pair, PairedStats},
 };
 
@@ -66,35 +66,18 @@ pub fn pool(by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
             let against_baseline = base.filter(|_| mode != baseline).map(|base| {
                 let common: Vec<usize> = mine.keys().filter(|p| base.contains_key(p)).copied().collect();
                 let identical = common.iter().filter(|p| mine[p].text == base[p].text).count();
-                let pairs: Vec<Pair> = common
-                    .iter()
-                    .map(|p| Pair {
-                        plain_correct: base[p].correct,
-                        mode_correct: mine[p].correct,
-                        same_answer: mine[p].answer == base[p].answer,
-                    })
-                    .collect();
+                let pairs: Vec<Pair> = common.iter().map(|p| pair(&base[p], &mine[p])).collect();
                 (identical, paired_stats(&pairs))
             });
             PooledMode {
                 mode: mode.clone(),
                 problems: mine.len(),
                 correct: mine.values().filter(|r| r.correct).count(),
-                counters: summed(mine.values()),
+                counters: Counters::total(mine.values().filter_map(|r| r.counters.as_ref())),
                 against_baseline,
             }
         })
         .collect()
-}
-
-/// The runs' step counters added up; `None` when none has any.
-fn summed<'a>(runs: impl Iterator<Item = &'a Run>) -> Option<Counters> {
-    runs.filter_map(|r| r.counters.as_ref()).fold(None, |total: Option<Counters>, c| {
-        Some(match total {
-            None => c.clone(),
-            Some(total) => total.plus(c),
-        })
-    })
 }
 
 /// τ of mode `a` and of mode `b` on the problems both have, and how many those are.
@@ -105,7 +88,7 @@ pub fn tau_ratio(by_mode: &RunsByMode, a: &Mode, b: &Mode) -> Result<(usize, f64
     };
     let common: Vec<usize> = runs_a.keys().filter(|p| runs_b.contains_key(p)).copied().collect();
     let tau = |runs: &BTreeMap<usize, Run>| {
-        summed(common.iter().map(|p| &runs[p])).map_or(f64::NAN, |c| c.mean_acceptance_length())
+        Counters::total(common.iter().filter_map(|p| runs[p].counters.as_ref())).map_or(f64::NAN, |c| c.mean_acceptance_length())
     };
     Ok((common.len(), tau(runs_a), tau(runs_b)))
 }

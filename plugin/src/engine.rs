@@ -198,7 +198,7 @@ impl LoadedModels {
             tracing::warn!("sv.learned_verify_ms_file is kept only while SV learns T_v (sv.enabled and sv.learn_verify_ms, or the bench option `tvlearn`)");
         }
         let store = store.filter(|_| learn_verify_ms);
-        let learner = config.sv.latency_learner(learn_verify_ms, store.as_ref())?;
+        let (learner, earlier_samples) = config.sv.latency_learner(learn_verify_ms, store.as_ref())?.unzip();
         // The head's rows for cached prefixes, kept while the engine keeps the target's.
         let head_rows_kept = config.server.prefix_cache_bytes().map_or(0, |_| DEFAULT_PREFIX_CACHE_BYTES);
         Ok(Arc::new(
@@ -213,8 +213,8 @@ impl LoadedModels {
                     false => None,
                 })
                 .with_keep_rates(config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?)
-                .with_learned_latency(learner.as_ref().map(|(learned, _)| learned.clone()))
-                .with_latency_store(store.zip(learner.map(|(_, samples)| samples))),
+                .with_learned_latency(learner)
+                .with_latency_store(store.zip(earlier_samples)),
         ))
     }
 

@@ -61,6 +61,16 @@ impl Counters {
         self.accepted_tokens as f64 / self.draft_tokens as f64
     }
 
+    /// The sum of `each`; `None` when there is none (a plain decoding run has no counters).
+    pub fn total<'a>(each: impl IntoIterator<Item = &'a Counters>) -> Option<Counters> {
+        each.into_iter().fold(None, |total: Option<Counters>, c| {
+            Some(match total {
+                None => c.clone(),
+                Some(total) => total.plus(c),
+            })
+        })
+    }
+
     /// The sum of two sets of counters (the inverse of [`Counters::since`]).
     pub fn plus(&self, b: &Counters) -> Counters {
         let a = self;
@@ -303,6 +313,17 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_total_adds_every_set_and_none_makes_none() {
+        assert_eq!(Counters::total(&[]), None);
+        let a = Counters { steps: 3, accepted_tokens: 2, emitted_tokens: 5, accepted_per_position: vec![2], ..Counters::default() };
+        let b = Counters { steps: 1, undrafted_steps: 1, emitted_tokens: 1, ..Counters::default() };
+        let total = Counters::total([&a, &b, &a]).unwrap();
+        assert_eq!((total.steps, total.undrafted_steps, total.accepted_tokens, total.emitted_tokens), (7, 1, 4, 11));
+        assert_eq!(total.accepted_per_position, vec![4]);
+        assert_eq!(Counters::total([&b]), Some(b));
+    }
 
     fn report(drafted: usize, accepted: usize) -> StepReport {
         StepReport {

@@ -899,15 +899,7 @@ mod tests {
         assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
         // Kept across runs: saved when the proposer goes, with the earlier runs' samples.
         let dir = tempfile::tempdir().unwrap();
-        let target = ModelFingerprint {
-            architecture: "qwen2".into(),
-            hidden_size: HIDDEN,
-            num_layers: 2,
-            vocab_size: 64,
-            tokenizer_sha256: "0".repeat(64),
-            source: String::new(),
-        };
-        let store = LatencyStore::on_machine(dir.path().join("tv.json"), target, "m".into());
+        let store = LatencyStore::on_machine(dir.path().join("tv.json"), crate::sv::latency_store::tests::target(HIDDEN), "m".into());
         let learned = q.learned_latency().unwrap();
         let kept = proposers(1).remove(0).with_learned_latency(Some(learned.clone())).with_latency_store(Some((store.clone(), 7)));
         drop(kept);

@@ -140,7 +140,7 @@ fn cpu_of(cpuinfo: &str) -> Option<String> {
 pub(crate) mod tests {
     use super::*;
 
-    fn target(hidden_size: usize) -> ModelFingerprint {
+    pub(crate) fn target(hidden_size: usize) -> ModelFingerprint {
         ModelFingerprint {
             architecture: "qwen2".into(),
             hidden_size,
