@@ -25,6 +25,8 @@ fn run(dir: &std::path::Path, batch: usize, ragged: bool, modes: &[&str], out: &
     bench::run(
         &config,
         &BenchOptions {
+            task: verdict_cli::bench::TaskName::Gsm8k,
+            sandbox_python: "/usr/bin/python3".into(),
             data_dir: dir.join("gsm8k"),
             split: "test".into(),
             subset: Subset { ids: None, offset: 1, limit: None },

@@ -33,6 +33,8 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
     let modes: Vec<Mode> = ["plain", "plain-again", "eagle:exact", "eagle-q8_0:exact"].iter().map(|m| m.parse().unwrap()).collect();
     let out = dir.path().join("report.json");
     let options = BenchOptions {
+        task: verdict_cli::bench::TaskName::Gsm8k,
+        sandbox_python: "/usr/bin/python3".into(),
         data_dir: dir.path().join("gsm8k"),
         split: "test".into(),
         subset: Subset { ids: None, offset: 0, limit: None },

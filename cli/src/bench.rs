@@ -21,10 +21,14 @@ use serde::{Deserialize, Serialize};
 use crate::{
     paired::{paired_stats, Pair, PairedStats},
     subset::Subset,
-    tasks::{gsm8k, TaskAdapter},
+};
+pub use verdict_eval::benchmark::TaskName;
+use verdict_eval::{
+    benchmark::{self, Answers, Benchmark, BenchmarkSource},
+    sandbox::SandboxLimits,
 };
 use verdict::{
-    config::{Config, EagleDrafting, EAGLE_MODE_PREFIX, PLAIN_AGAIN_MODE},
+    config::{Config, EagleDrafting, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
@@ -87,8 +91,16 @@ impl Mode {
         self.eagle_parts().is_some()
     }
 
-    /// The judge stack the mode runs (its name without the `eagle…:` prefix).
+    /// Drafts by prompt lookup (`ngram:<stack>`): no model drafts.
+    pub fn drafts_by_lookup(&self) -> bool {
+        self.0.starts_with(NGRAM_MODE_PREFIX)
+    }
+
+    /// The judge stack the mode runs (its name without the `eagle…:` or `ngram:` prefix).
     pub fn stack_name(&self) -> &str {
+        if let Some(stack) = self.0.strip_prefix(NGRAM_MODE_PREFIX) {
+            return stack;
+        }
         self.eagle_parts().map_or(&self.0, |(_, stack)| stack)
     }
 
@@ -140,8 +152,12 @@ impl FromStr for Mode {
 }
 
 pub struct BenchOptions {
+    /// What is measured: GSM8K (from `data_dir`'s `split`), HumanEval, MBPP or MATH-500.
+    pub task: TaskName,
     pub data_dir: PathBuf,
     pub split: String,
+    /// The interpreter HumanEval's and MBPP's tests run with, in the sandbox.
+    pub sandbox_python: PathBuf,
     /// Which problems of the split (reports name them by their index in it).
     pub subset: Subset,
     pub modes: Vec<Mode>,
@@ -310,14 +326,24 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         }
     }
 
-    let problems = gsm8k::load(&options.data_dir, &options.split)?;
-    let selected = options.subset.indices(problems.len())?;
+    let cache_dir = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+    let benchmark = benchmark::load(
+        options.task,
+        &BenchmarkSource {
+            gsm8k_dir: &options.data_dir,
+            gsm8k_split: &options.split,
+            cache_dir: &cache_dir,
+            sandbox_python: &options.sandbox_python,
+            sandbox_limits: SandboxLimits::default(),
+        },
+    )?;
+    let selected = options.subset.indices(benchmark.len())?;
     if options.batch == 0 {
         bail!("--batch 0: pass at least 1");
     }
-    let needs_draft = options.modes.iter().any(|m| !m.decodes_plainly() && !m.drafts_with_eagle());
+    let needs_draft = options.modes.iter().any(|m| !m.decodes_plainly() && !m.drafts_with_eagle() && !m.drafts_by_lookup());
     if needs_draft && config.models.draft.is_none() {
-        bail!("speculative modes without the eagle: prefix need models.draft in the config");
+        bail!("speculative modes without the eagle: or ngram: prefix need models.draft in the config");
     }
 
     let checkpoint = checkpoint_path(&options.out);
@@ -360,7 +386,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .filter(|m| !m.decodes_plainly())
         .map(|m| {
             let stack = config.named_stack(m.stack_name(), &models.fingerprints())?;
-            if m.drafts_with_eagle() {
+            if m.drafts_with_eagle() || m.drafts_by_lookup() {
                 stack.check_drafts_without_model()?;
             }
             Ok((m.clone(), Arc::new(stack)))
@@ -388,6 +414,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     let proposer = eagle_proposers[mode].clone();
                     Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
+                None if mode.drafts_by_lookup() => {
+                    Engine::with_proposer(&models, models.ngram_proposer(config)?, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                }
                 None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?,
             };
             speculative.insert(mode.clone(), engine);
@@ -407,7 +436,6 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .create(true)
         .append(true)
         .open(&checkpoint)?;
-    let task = gsm8k::Gsm8k;
     let mut record = |run: Run, runs: &mut Vec<Run>| -> Result<()> {
         tracing::info!(
             "problem {} {}: {} tokens in {:.1}s, answer {:?} ({}){}",
@@ -428,16 +456,19 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         bar.inc(1);
         Ok(())
     };
-    let new_run = |index: usize, mode: &Mode, generation: Generation, counters, batch_size| Run {
+    let new_run = |index: usize, mode: &Mode, generation: Generation, counters, batch_size| {
+        let grade = benchmark.grade(index, &generation.text);
+        Run {
         problem: index,
         mode: mode.clone(),
-        correct: task.is_correct(&problems[index], &generation.text),
-        answer: task.extract_answer(&generation.text),
+        correct: grade.correct,
+        answer: grade.answer,
         text: generation.text,
         completion_tokens: generation.completion_tokens,
         seconds: generation.seconds,
         counters,
         batch_size,
+    }
     };
     if options.batch > 1 {
         let pending: Vec<usize> = selected
@@ -455,7 +486,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     .context("the target has no tokenizer to group prompts by length")?;
                 let mut lengths = Vec::with_capacity(pending.len());
                 for &index in &pending {
-                    let prompt = task.prompt(&problems[index]);
+                    let prompt = benchmark.prompt(index);
                     let encoding = tokenizer
                         .encode(prompt.as_str(), false)
                         .map_err(anyhow::Error::msg)
@@ -489,7 +520,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     let mut set = tokio::task::JoinSet::new();
                     for &index in &todo {
                         let mistralrs = engine.mistralrs.clone();
-                        let prompt = Prompt::Chat(task.prompt(&problems[index]));
+                        let prompt = Prompt::Chat(benchmark.prompt(index));
                         let sampling = config.sampling.clone();
                         set.spawn(async move { (index, generate(&mistralrs, &prompt, &sampling).await) });
                     }
@@ -529,7 +560,6 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let (last, rotated): (Vec<&Mode>, Vec<&Mode>) = options.modes.iter().partition(|m| **m == Mode::plain_again());
     let n = rotated.len();
     for (position, &index) in one_at_a_time.iter().enumerate() {
-        let problem = &problems[index];
         let order = (0..n).map(|k| rotated[(position + k) % n]).chain(last.iter().copied());
         for mode in order {
             let mode = mode.clone();
@@ -537,7 +567,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 continue;
             }
             bar.set_message(format!("problem {index} {}", mode.name()));
-            let prompt = Prompt::Chat(task.prompt(problem));
+            let prompt = Prompt::Chat(benchmark.prompt(index));
             let (generation, counters) = runtime
                 .block_on(async {
                     match stacks.get(&mode) {
@@ -564,10 +594,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     bar.finish_and_clear();
 
     let divergences = match options.explain_divergences {
-        true => runtime.block_on(explain_divergences(&plain, &problems, &runs, config))?,
+        true => runtime.block_on(explain_divergences(&plain, &*benchmark, &runs, config))?,
         false => Vec::new(),
     };
-    let summaries = summarise(&runs, &options.modes);
+    let summaries = summarise(&runs, &options.modes, &*benchmark.answers());
     // T_v as each mode's proposer learned it by the end (`tvlearn`); the report has [rows, ms].
     let learned: BTreeMap<String, VerifyLatency> = eagle_proposers
         .iter()
@@ -577,8 +607,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", latency.describe(8));
     }
     let report = serde_json::json!({
-        "dataset": "gsm8k",
-        "split": options.split,
+        "dataset": options.task.as_str(),
+        "split": if options.task == TaskName::Gsm8k { options.split.as_str() } else { "test" },
         "problems": selected.len(),
         "problem_ids": selected,
         "gamma": config.speculative.gamma,
@@ -640,13 +670,12 @@ pub struct Divergence {
 /// differs, and locate the first differing token.
 async fn explain_divergences(
     plain: &Engine,
-    problems: &[gsm8k::Problem],
+    benchmark: &dyn Benchmark,
     runs: &[Run],
     config: &Config,
 ) -> Result<Vec<Divergence>> {
     let mut out = Vec::new();
-    let task = gsm8k::Gsm8k;
-    for (index_of_problem, problem) in problems.iter().enumerate() {
+    for index_of_problem in 0..benchmark.len() {
         let Some(plain_run) = runs
             .iter()
             .find(|r| r.problem == index_of_problem && r.mode.is_plain())
@@ -664,7 +693,7 @@ async fn explain_divergences(
         };
         let generation = generate_with_top_tokens(
             &plain.mistralrs,
-            &Prompt::Chat(task.prompt(problem)),
+            &Prompt::Chat(benchmark.prompt(index_of_problem)),
             &config.sampling,
             2,
         )
@@ -718,19 +747,17 @@ async fn explain_divergences(
 }
 
 /// A problem's run in some mode against its run in the mode it is compared with (plain
-/// decoding): correct each way, and whether both committed to the same GSM8K answer.
-pub fn pair(baseline: &Run, run: &Run) -> Pair {
-    let task = gsm8k::Gsm8k;
-    let same_answer = match (task.committed_answer(&baseline.text), task.committed_answer(&run.text)) {
-        (Some(x), Some(y)) => task.answers_equivalent(&x, &y),
+/// decoding): correct each way, and whether both committed to the same answer.
+pub fn pair(answers: &dyn Answers, baseline: &Run, run: &Run) -> Pair {
+    let same_answer = match (answers.committed_answer(&baseline.text), answers.committed_answer(&run.text)) {
+        (Some(x), Some(y)) => answers.answers_equivalent(&x, &y),
         (None, None) => true,
         _ => false,
     };
     Pair { plain_correct: baseline.correct, mode_correct: run.correct, same_answer }
 }
 
-pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
-    let task = gsm8k::Gsm8k;
+pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<ModeSummary> {
     let plain_runs: BTreeMap<usize, &Run> = runs
         .iter()
         .filter(|r| r.mode.is_plain())
@@ -761,7 +788,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
             let seconds: f64 = mine.iter().map(|r| r.seconds).sum();
             let pairs: Vec<Pair> = mine
                 .iter()
-                .filter_map(|r| plain_runs.get(&r.problem).map(|p| pair(p, r)))
+                .filter_map(|r| plain_runs.get(&r.problem).map(|p| pair(answers, p, r)))
                 .collect();
             ModeSummary {
                 mode: mode.name(),
@@ -770,7 +797,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode]) -> Vec<ModeSummary> {
                     / mine.len().max(1) as f64,
                 committed_rate: mine
                     .iter()
-                    .filter(|r| task.committed_answer(&r.text).is_some())
+                    .filter(|r| answers.committed_answer(&r.text).is_some())
                     .count() as f64
                     / mine.len().max(1) as f64,
                 paired: (!mode.is_plain() && !pairs.is_empty()).then(|| paired_stats(&pairs)),

@@ -57,8 +57,21 @@ enum Command {
     Bench {
         #[arg(long, short)]
         config: PathBuf,
-        #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k"])]
-        dataset: String,
+        /// The task: gsm8k (test split, or --split of --data-dir), humaneval (164), mbpp (its
+        /// 200 evaluation tasks, ids 11-210) or math500. Code tasks run each answer's tests in a
+        /// sandbox (needs root and util-linux).
+        #[arg(long, alias = "dataset", default_value = "gsm8k")]
+        task: verdict_eval::benchmark::TaskName,
+        /// The interpreter HumanEval's and MBPP's tests run with, one every user may run
+        /// (default $VERDICT_SANDBOX_PYTHON, else /usr/bin/python3).
+        #[arg(long)]
+        sandbox_python: Option<PathBuf>,
+        /// Sample at this temperature instead of the config's sampling.temperature (0: greedy).
+        #[arg(long)]
+        temperature: Option<f64>,
+        /// Nucleus sampling instead of the config's sampling.top_p.
+        #[arg(long)]
+        top_p: Option<f64>,
         #[arg(long, default_value = "test")]
         split: String,
         /// Problems to run at most (after --offset); default: to the end of the selection.
@@ -228,7 +241,10 @@ fn main() -> Result<()> {
         } => generate_once(&Config::load(&config)?, &prompt, raw),
         Command::Bench {
             config,
-            dataset: _,
+            task,
+            sandbox_python,
+            temperature,
+            top_p,
             split,
             limit,
             offset,
@@ -251,12 +267,22 @@ fn main() -> Result<()> {
                 // The config's own checks judge the override as they judge the file.
                 config.validate().with_context(|| format!("--max-tokens {n}"))?;
             }
+            if let Some(t) = temperature {
+                config.sampling.temperature = t;
+                config.validate().with_context(|| format!("--temperature {t}"))?;
+            }
+            if let Some(p) = top_p {
+                config.sampling.top_p = Some(p);
+                config.validate().with_context(|| format!("--top-p {p}"))?;
+            }
             let cache = models::cache_dir(config.models.cache_dir.as_deref());
             let report = bench::run(
                 &config,
                 &BenchOptions {
+                    task,
                     data_dir: datasets::gsm8k_dir(data_dir, &cache),
                     split,
+                    sandbox_python: sandbox_python.unwrap_or_else(verdict_eval::sandbox::Sandbox::default_python),
                     subset: Subset { ids, offset, limit },
                     modes,
                     out: out.clone(),
@@ -295,8 +321,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::PoolReports { reports, baseline, ratio } => {
-            let by_mode = verdict_cli::pool::load(&reports)?;
-            print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool(&by_mode, &Mode(baseline))));
+            let (task, by_mode) = verdict_cli::pool::load(&reports)?;
+            print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool(task, &by_mode, &Mode(baseline))));
             for spec in ratio {
                 let Some((a, b)) = spec.split_once('/') else {
                     anyhow::bail!("--ratio {spec:?}: give two modes as A/B");
@@ -385,6 +411,10 @@ async fn build_engine(
                     Engine::with_proposer(models, proposer.clone(), s.gamma, stack, s.seed, metrics, &config.server)
                         .await?;
                 Ok((engine, Some(proposer)))
+            }
+            ProposerKind::Ngram => {
+                let proposer = models.ngram_proposer(config)?;
+                Ok((Engine::with_proposer(models, proposer, s.gamma, stack, s.seed, metrics, &config.server).await?, None))
             }
         }
     } else {

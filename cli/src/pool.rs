@@ -18,6 +18,7 @@ use crate::{
     bench::{pair, Mode, Run},
     paired::{paired_stats, Pair, PairedStats},
 };
+use verdict_eval::benchmark::TaskName;
 
 /// Every mode's runs by problem.
 pub type RunsByMode = BTreeMap<Mode, BTreeMap<usize, Run>>;
@@ -25,21 +26,37 @@ pub type RunsByMode = BTreeMap<Mode, BTreeMap<usize, Run>>;
 /// The part of a bench report pooled here.
 #[derive(Deserialize)]
 struct Report {
+    /// The task (reports written before there were others hold GSM8K).
+    #[serde(default = "gsm8k")]
+    dataset: String,
     runs: Vec<Run>,
 }
 
-/// The runs of `reports`, the first report holding a (problem, mode) winning.
-pub fn load(reports: &[PathBuf]) -> Result<RunsByMode> {
+fn gsm8k() -> String {
+    TaskName::Gsm8k.as_str().into()
+}
+
+/// The runs of `reports` and the task they share, the first report holding a (problem,
+/// mode) winning. Reports of different tasks are refused: their problems share indices.
+pub fn load(reports: &[PathBuf]) -> Result<(TaskName, RunsByMode)> {
     let mut by_mode = RunsByMode::new();
+    let mut task: Option<(TaskName, &PathBuf)> = None;
     for path in reports {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let report: Report = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a `verdict bench` report (its --out file)", path.display()))?;
+        let this: TaskName = report.dataset.parse().with_context(|| format!("{}", path.display()))?;
+        match task {
+            Some((first, first_path)) if first != this => {
+                bail!("{} is a {this} report but {} is a {first} one: pool one task at a time", path.display(), first_path.display())
+            }
+            _ => task = Some((this, path)),
+        }
         for run in report.runs {
             by_mode.entry(run.mode.clone()).or_default().entry(run.problem).or_insert(run);
         }
     }
-    Ok(by_mode)
+    Ok((task.map_or(TaskName::Gsm8k, |(t, _)| t), by_mode))
 }
 
 /// One mode over the pooled problems.
@@ -55,7 +72,8 @@ pub struct PooledMode {
 }
 
 /// Each mode pooled, the baseline first.
-pub fn pool(by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
+pub fn pool(task: TaskName, by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
+    let answers = task.answers();
     let base = by_mode.get(baseline);
     let mut modes: Vec<&Mode> = by_mode.keys().collect();
     modes.sort_by_key(|m| (*m != baseline, (*m).clone()));
@@ -66,7 +84,7 @@ pub fn pool(by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
             let against_baseline = base.filter(|_| mode != baseline).map(|base| {
                 let common: Vec<usize> = mine.keys().filter(|p| base.contains_key(p)).copied().collect();
                 let identical = common.iter().filter(|p| mine[p].text == base[p].text).count();
-                let pairs: Vec<Pair> = common.iter().map(|p| pair(&base[p], &mine[p])).collect();
+                let pairs: Vec<Pair> = common.iter().map(|p| pair(&*answers, &base[p], &mine[p])).collect();
                 (identical, paired_stats(&pairs))
             });
             PooledMode {
@@ -162,8 +180,8 @@ mod tests {
             "b.json",
             vec![run(1, "exact", false, "w", Some((100, 0))), run(2, "exact", false, "v", Some((20, 5)))],
         );
-        let by_mode = load(&[first, second]).unwrap();
-        let pooled = pool(&by_mode, &Mode::plain());
+        let (task, by_mode) = load(&[first, second]).unwrap();
+        let pooled = pool(task, &by_mode, &Mode::plain());
         assert_eq!(pooled[0].mode, Mode::plain(), "the baseline first");
         assert!(pooled[0].against_baseline.is_none() && pooled[0].counters.is_none());
         let exact = &pooled[1];

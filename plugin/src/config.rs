@@ -151,6 +151,11 @@ pub struct SpeculativeConfig {
     /// (mistral.rs `0022`, Llama and Qwen2 targets), so SV prices rows one by one; false
     /// pads every sequence's rows to the widest, and SV chooses one width for the batch.
     pub packed_verify_rows: bool,
+    /// Prompt lookup (`proposer = "ngram"`, bench `ngram:` modes): the shortest n-gram whose
+    /// earlier occurrence is drafted from.
+    pub ngram_min: usize,
+    /// ... and the longest, tried first.
+    pub ngram_max: usize,
 }
 
 /// How the EAGLE head drafts: its matrices, up to how many drafts a step, and where it stops.
@@ -207,6 +212,8 @@ impl Default for SpeculativeConfig {
             eagle_min_first_confidence: 0.0,
             eagle_batched_drafting: true,
             packed_verify_rows: true,
+            ngram_min: 2,
+            ngram_max: 4,
         }
     }
 }
@@ -356,13 +363,19 @@ pub enum ProposerKind {
     DraftModel,
     /// An EAGLE-3 head drafting from the target's own hidden states; no draft model loads.
     Eagle,
+    /// Prompt lookup: the continuation of the longest recent n-gram match in the text so
+    /// far; no model call, no draft model.
+    Ngram,
 }
+
+/// Bench modes that draft by prompt lookup start with this (`ngram:exact`).
+pub const NGRAM_MODE_PREFIX: &str = "ngram:";
 
 /// Bench modes that draft with the EAGLE head start with this (`eagle:exact`); the rest
 /// names the judge stack.
 pub const EAGLE_MODE_PREFIX: &str = "eagle:";
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingConfig {
     /// 0 decodes greedily.
@@ -512,22 +525,21 @@ impl Config {
     }
 
     /// Every mode `verdict bench` accepts with this config: each stack with the draft model,
-    /// and with `eagle:` before it when an EAGLE head is configured.
+    /// with `eagle:` before it when an EAGLE head is configured, and with `ngram:` (prompt
+    /// lookup) before it.
     pub fn mode_names(&self) -> Vec<String> {
         let stacks: Vec<String> = BUILTIN_MODES
             .iter()
             .map(|s| s.to_string())
             .chain(self.stacks.iter().map(|s| s.name.clone()))
             .collect();
-        let eagle = match self.speculative.eagle_head {
-            Some(_) => stacks
-                .iter()
-                .filter(|s| s.as_str() != "plain" && s.as_str() != PLAIN_AGAIN_MODE)
-                .map(|s| format!("{EAGLE_MODE_PREFIX}{s}"))
-                .collect(),
+        let speculative: Vec<&String> = stacks.iter().filter(|s| s.as_str() != "plain" && s.as_str() != PLAIN_AGAIN_MODE).collect();
+        let eagle: Vec<String> = match self.speculative.eagle_head {
+            Some(_) => speculative.iter().map(|s| format!("{EAGLE_MODE_PREFIX}{s}")).collect(),
             None => Vec::new(),
         };
-        stacks.into_iter().chain(eagle).collect()
+        let ngram: Vec<String> = speculative.iter().map(|s| format!("{NGRAM_MODE_PREFIX}{s}")).collect();
+        stacks.iter().cloned().chain(eagle).chain(ngram).collect()
     }
 
     /// `[sv]`'s budget with its acceptance table loaded, for `target`: a table fitted for
@@ -585,12 +597,19 @@ impl Config {
         }
         match s.proposer {
             ProposerKind::DraftModel if s.enabled && self.models.draft.is_none() => bail!(
-                "speculative.enabled = true needs models.draft (or proposer = \"eagle\" with eagle_head); set it or disable speculation"
+                "speculative.enabled = true needs models.draft (or proposer = \"eagle\" with eagle_head, or proposer = \"ngram\"); set it or disable speculation"
             ),
             ProposerKind::Eagle if s.eagle_head.is_none() => bail!(
                 "speculative.proposer = \"eagle\" needs speculative.eagle_head, the head's folder"
             ),
             _ => {}
+        }
+        if s.ngram_min < 1 || s.ngram_min > s.ngram_max || s.ngram_max > 64 {
+            bail!(
+                "speculative.ngram_min = {} and ngram_max = {}: need 1 <= ngram_min <= ngram_max <= 64",
+                s.ngram_min,
+                s.ngram_max
+            );
         }
         if self.sv.enabled && s.proposer != ProposerKind::Eagle {
             bail!("sv.enabled = true needs speculative.proposer = \"eagle\": the head's confidences price the drafts");

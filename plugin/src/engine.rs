@@ -28,6 +28,7 @@ use crate::{
     models::{cache_dir, resolve, ModelSource},
     proposers::{
         eagle_proposer::{EagleProposer, DEFAULT_PREFIX_CACHE_BYTES},
+        ngram::{NgramProposer, NgramSettings},
         timed::TimedProposer,
     },
     sv::verify_budget::VerifyBudget,
@@ -179,6 +180,13 @@ impl LoadedModels {
     }
 
     /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
+    /// The prompt-lookup proposer `[speculative]`'s n-gram lengths describe.
+    pub fn ngram_proposer(&self, config: &Config) -> Result<Arc<NgramProposer>> {
+        let s = &config.speculative;
+        let settings = NgramSettings { min_n: s.ngram_min, max_n: s.ngram_max };
+        Ok(Arc::new(NgramProposer::new(settings, self.target_fingerprint.vocab_size)?))
+    }
+
     pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<EagleProposer>> {
         self.eagle_proposer_with(config, &config.eagle_drafting())
     }
@@ -407,17 +415,25 @@ impl Engine {
 /// (continuing a chat-templated prompt from any point, as mining does).
 #[derive(Clone, Debug)]
 pub enum Prompt {
+    /// One user turn, through the chat template.
     Chat(String),
+    /// A conversation of (role, content) turns, through the chat template.
+    Messages(Vec<(String, String)>),
     Text(String),
     Tokens(Vec<u32>),
 }
 
-/// One user turn, as mistral.rs takes chat messages.
-pub fn user_turn(text: &str) -> IndexMap<String, mistralrs_core::MessageContent> {
+/// A chat turn as mistral.rs takes chat messages.
+pub fn chat_turn(role: &str, text: &str) -> IndexMap<String, mistralrs_core::MessageContent> {
     let mut turn = IndexMap::new();
-    turn.insert("role".to_string(), Either::Left("user".to_string()));
+    turn.insert("role".to_string(), Either::Left(role.to_string()));
     turn.insert("content".to_string(), Either::Left(text.to_string()));
     turn
+}
+
+/// One user turn, as mistral.rs takes chat messages.
+pub fn user_turn(text: &str) -> IndexMap<String, mistralrs_core::MessageContent> {
+    chat_turn("user", text)
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -471,6 +487,11 @@ pub async fn generate_with_top_tokens(
     let message = match prompt {
         Prompt::Chat(text) => RequestMessage::Chat {
             messages: vec![user_turn(text)],
+            enable_thinking: None,
+            reasoning_effort: None,
+        },
+        Prompt::Messages(turns) => RequestMessage::Chat {
+            messages: turns.iter().map(|(role, text)| chat_turn(role, text)).collect(),
             enable_thinking: None,
             reasoning_effort: None,
         },

@@ -1,13 +1,17 @@
-//! `train-head eagle` end to end, each stage resumable: the target's greedy responses to
-//! GSM8K train prompts (self-distillation, batched plain decoding through `verdict bench`),
-//! their features, the draft vocabulary, training, and the head with its report.
+//! `train-head eagle` end to end, each stage resumable: the target's responses to the
+//! training prompts (self-distillation: GSM8K train problems decoded greedily through
+//! `verdict bench`, or any prompts file at a chosen temperature), their features, the draft
+//! vocabulary, training, and the head with its report.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{ensure, Context, Result};
 use serde::Serialize;
 use verdict::{
-    config::Config,
+    config::{Config, SamplingConfig},
     engine::LoadedModels,
     models::ModelSource,
     proposers::eagle_proposer::{capture_layers, target_embeddings},
@@ -20,6 +24,7 @@ use verdict_cli::{
 use verdict_heads::{eagle3::default_aux_layers, Eagle3Config, Eagle3Head, WeightFormat};
 
 use crate::{
+    responses::{self, generate_responses, ResponsePlan},
     eagle_capture::{capture_sequence, features_path, SequenceFeatures},
     eagle_fit::{coverage, draft_vocabulary, estimated_tau, EagleFitOptions, EagleTrainer},
     eagle_replay::{replay_problems, DraftReplay, DraftTree},
@@ -33,6 +38,12 @@ pub struct EaglePlan {
     pub split: String,
     pub first: usize,
     pub problems: usize,
+    /// A prompts file to answer instead of GSM8K problems (`--prompts`), with the sampling
+    /// its responses are generated at; `problems` then limits how many of its prompts.
+    pub prompts: Option<PathBuf>,
+    pub response_sampling: Option<SamplingConfig>,
+    /// The last stage to run (a long generation can finish before training is planned).
+    pub until: EagleStage,
     /// Problems decoded together while generating responses (equal prompt lengths only).
     pub generate_batch: usize,
     /// Every n-th problem is held out for validation.
@@ -48,6 +59,10 @@ pub struct EaglePlan {
 #[derive(Serialize)]
 struct EagleReport<'a> {
     plan: &'a EaglePlan,
+    /// Prompts answered, and their completion tokens, by source.
+    responses_per_source: BTreeMap<String, (usize, usize)>,
+    /// The held-out replay by source (prompts files with sources).
+    held_out_replay_per_source: BTreeMap<String, DraftReplay>,
     options: &'a EagleFitOptions,
     target: String,
     train_problems: usize,
@@ -66,16 +81,40 @@ struct EagleReport<'a> {
     held_out_replay_tau: f64,
 }
 
-/// Run every stage not yet done; returns the head's folder.
-pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions) -> Result<PathBuf> {
-    std::fs::create_dir_all(&plan.work)?;
+/// The stages of `train-head eagle`, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+pub enum EagleStage {
+    /// The target's responses.
+    Responses,
+    /// Their features (the target's hidden states at every position).
+    Features,
+    /// The draft vocabulary, training, the head and its report.
+    Head,
+}
+
+/// One training example: a conversation and the target's response to it.
+struct Example {
+    /// The problem's index in the split, or the prompt's line in the prompts file.
+    index: usize,
+    source: String,
+    turns: Vec<(String, String)>,
+    text: String,
+    completion_tokens: usize,
+    /// The response ended at the end of the turn (the token belongs to it).
+    ended_turn: bool,
+}
+
+/// The target's greedy responses to GSM8K problems, through the bench's plain mode.
+fn gsm8k_examples(config: &Config, plan: &EaglePlan) -> Result<Vec<Example>> {
     let responses = plan.work.join("responses.json");
     tracing::info!("stage 1/3: the target's greedy responses → {}", bench::checkpoint_path(&responses).display());
     bench::run(
         config,
         &BenchOptions {
+            task: verdict_eval::benchmark::TaskName::Gsm8k,
             data_dir: plan.data_dir.clone(),
             split: plan.split.clone(),
+            sandbox_python: verdict_eval::sandbox::Sandbox::default_python(),
             subset: Subset {
                 ids: None,
                 offset: plan.first,
@@ -92,20 +131,74 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     let mut runs = bench::load_checkpoint(&bench::checkpoint_path(&responses))?;
     runs.sort_by_key(|r| r.problem);
     runs.dedup_by_key(|r| r.problem);
+    let problems = gsm8k::load(&plan.data_dir, &plan.split)?;
+    Ok(runs
+        .into_iter()
+        .map(|run| Example {
+            index: run.problem,
+            source: "gsm8k".into(),
+            turns: vec![("user".into(), gsm8k::Gsm8k.prompt(&problems[run.problem]))],
+            // A response shorter than the budget ended at the end of the turn.
+            ended_turn: run.completion_tokens < config.sampling.max_tokens,
+            completion_tokens: run.completion_tokens,
+            text: run.text,
+        })
+        .collect())
+}
 
-    let models = LoadedModels::load_with_draft(config, false)?;
+/// The target's responses to a prompts file, at the plan's sampling.
+fn prompt_examples(config: &Config, models: &LoadedModels, plan: &EaglePlan, file: &Path) -> Result<Vec<Example>> {
+    let records = verdict_eval::prompts::load(file)?;
+    let checkpoint = plan.work.join("responses.jsonl");
+    tracing::info!("stage 1/3: the target's responses to {} → {}", file.display(), checkpoint.display());
+    let response_plan = ResponsePlan {
+        prompts: file.to_path_buf(),
+        limit: Some(plan.problems),
+        sampling: plan.response_sampling.clone().unwrap_or_else(|| config.sampling.clone()),
+        batch: plan.generate_batch,
+    };
+    let answered = generate_responses(models, &records, &response_plan, config.server.ragged_batches, &checkpoint)?;
+    Ok(answered
+        .into_iter()
+        .map(|r| Example {
+            index: r.index,
+            source: r.source.clone(),
+            turns: records[r.index].turns().into_iter().map(|t| (t.role, t.content)).collect(),
+            ended_turn: r.ended_its_turn(),
+            completion_tokens: r.completion_tokens,
+            text: r.text,
+        })
+        .collect())
+}
+
+/// Run every stage not yet done; returns the head's folder.
+pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions) -> Result<PathBuf> {
+    std::fs::create_dir_all(&plan.work)?;
+    let (examples, models) = match &plan.prompts {
+        None => {
+            let examples = gsm8k_examples(config, plan)?;
+            (examples, LoadedModels::load_with_draft(config, false)?)
+        }
+        Some(file) => {
+            let models = LoadedModels::load_with_draft(config, false)?;
+            (prompt_examples(config, &models, plan, file)?, models)
+        }
+    };
+    if plan.until == EagleStage::Responses {
+        tracing::info!("{} responses ready; stopping after them (--until responses)", examples.len());
+        return Ok(plan.out.clone());
+    }
     let layers = capture_layers(
         &default_aux_layers(models.target_fingerprint.num_layers),
         models.target_fingerprint.num_layers,
     )?;
     let features = plan.work.join("features");
     std::fs::create_dir_all(&features)?;
-    let problems = gsm8k::load(&plan.data_dir, &plan.split)?;
-    let todo: Vec<&bench::Run> = runs
+    let todo: Vec<&Example> = examples
         .iter()
-        .filter(|r| !features_path(&features, r.problem).is_file())
+        .filter(|e| !features_path(&features, e.index).is_file())
         .collect();
-    tracing::info!("stage 2/3: features of {} problems ({} done) → {}", todo.len(), runs.len() - todo.len(), features.display());
+    tracing::info!("stage 2/3: features of {} responses ({} done) → {}", todo.len(), examples.len() - todo.len(), features.display());
     if !todo.is_empty() {
         let mut engines = MistralEngines::target_only(&models)?;
         let tokenizer = models
@@ -117,27 +210,40 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
             .token_to_id("<|im_end|>")
             .context("the target's tokenizer has no <|im_end|>: the chat responses' end is unknown")?;
         let bar = indicatif::ProgressBar::new(todo.len() as u64);
-        for run in todo {
-            let prompt = engines.prompt_tokens(&gsm8k::Gsm8k.prompt(&problems[run.problem]))?;
+        for example in todo {
+            let prompt = engines.chat_tokens(&example.turns)?;
             let mut response = tokenizer
-                .encode(run.text.as_str(), false)
+                .encode(example.text.as_str(), false)
                 .map_err(anyhow::Error::msg)?
                 .get_ids()
                 .to_vec();
-            // A response shorter than the budget ended at the end of the turn.
-            if run.completion_tokens < config.sampling.max_tokens {
+            if example.ended_turn {
                 response.push(end_of_turn);
             }
             let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
             capture_sequence(&mut engines, &tokens, prompt.len(), &layers)
-                .with_context(|| format!("features of problem {}", run.problem))?
-                .save(&features_path(&features, run.problem))?;
+                .with_context(|| format!("features of example {}", example.index))?
+                .save(&features_path(&features, example.index))?;
             bar.inc(1);
         }
         bar.finish_and_clear();
     }
 
-    let (train, validation) = split_held_out(&runs, &features, plan.hold_out_every);
+    if plan.until == EagleStage::Features {
+        tracing::info!("features of {} responses ready; stopping after them (--until features)", examples.len());
+        return Ok(plan.out.clone());
+    }
+    let indices: Vec<usize> = examples.iter().map(|e| e.index).collect();
+    let responses_per_source = {
+        let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for e in &examples {
+            let entry = out.entry(e.source.clone()).or_default();
+            entry.0 += 1;
+            entry.1 += e.completion_tokens;
+        }
+        out
+    };
+    let (train, validation) = split_held_out(&indices, &features, plan.hold_out_every);
     ensure!(!train.is_empty() && !validation.is_empty(), "{} training and {} validation problems: generate more", train.len(), validation.len());
     let response_tokens = |paths: &[PathBuf]| -> Result<Vec<Vec<u32>>> {
         paths
@@ -165,9 +271,27 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     tracing::info!("replaying greedy chain drafting (γ {}) on the {} held-out responses", options.ttt_steps, validation.len());
     let saved = Eagle3Head::load(&plan.out, &candle_core::Device::Cpu)?;
     let replay = replay_problems(&saved, &*embeddings, &validation, &DraftTree::chain(options.ttt_steps), 0.0, vocab_size)?;
+    let mut held_out_replay_per_source = BTreeMap::new();
+    let sources: std::collections::BTreeSet<&str> = examples.iter().map(|e| e.source.as_str()).collect();
+    if sources.len() > 1 {
+        for source in sources {
+            let paths: Vec<PathBuf> = examples
+                .iter()
+                .filter(|e| e.source == source && e.index % plan.hold_out_every == 0)
+                .map(|e| features_path(&features, e.index))
+                .collect();
+            if !paths.is_empty() {
+                let replay = replay_problems(&saved, &*embeddings, &paths, &DraftTree::chain(options.ttt_steps), 0.0, vocab_size)?;
+                tracing::info!("held-out {source}: {} responses, replayed τ {:.2}", paths.len(), replay.tau());
+                held_out_replay_per_source.insert(source.to_string(), replay);
+            }
+        }
+    }
     let last = trainer.progress.validation.last().cloned().unwrap_or_default();
     let report = EagleReport {
         plan,
+        responses_per_source,
+        held_out_replay_per_source,
         options,
         target: models.target_fingerprint.describe(),
         train_problems: train.len(),
@@ -190,10 +314,10 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     Ok(plan.out.clone())
 }
 
-/// The features files of `runs`' problems (each once, by index), split as training holds
-/// out: every `every`-th problem validates.
-fn split_held_out(runs: &[bench::Run], features: &Path, every: usize) -> (Vec<PathBuf>, Vec<PathBuf>) {
-    let mut problems: Vec<usize> = runs.iter().map(|r| r.problem).collect();
+/// The features files of the examples with these indices (each once), split as training
+/// holds out: every `every`-th index validates.
+fn split_held_out(indices: &[usize], features: &Path, every: usize) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut problems: Vec<usize> = indices.to_vec();
     problems.sort_unstable();
     problems.dedup();
     let (validation, train): (Vec<usize>, Vec<usize>) = problems.into_iter().partition(|p| p % every == 0);
@@ -210,8 +334,9 @@ pub fn replay_held_out(config: &Config, head_dir: &Path, weights: WeightFormat, 
     let mut head = Eagle3Head::load(head_dir, &candle_core::Device::Cpu)?;
     head.quantize(weights)?;
     let features = work.join("features");
-    let runs = bench::load_checkpoint(&bench::checkpoint_path(&work.join("responses.json")))?;
-    let (_, mut held_out) = split_held_out(&runs, &features, hold_out_every);
+    let mut indices: Vec<usize> = bench::load_checkpoint(&bench::checkpoint_path(&work.join("responses.json")))?.iter().map(|r| r.problem).collect();
+    indices.extend(responses::load(&work.join("responses.jsonl"))?.iter().map(|r| r.index));
+    let (_, mut held_out) = split_held_out(&indices, &features, hold_out_every);
     // Responses generated since the last training have no features yet.
     held_out.retain(|p| p.is_file());
     ensure!(!held_out.is_empty(), "{} holds no held-out problem's features (every {hold_out_every}-th)", features.display());

@@ -21,7 +21,7 @@ use tokenizers::Tokenizer;
 use verdict::{
     config::SamplingConfig,
     engine::{
-        build_mistralrs_with, generate_with_top_tokens, user_turn, LoadedModels, Prompt,
+        build_mistralrs_with, generate_with_top_tokens, chat_turn, LoadedModels, Prompt,
         SharedPipeline,
     },
 };
@@ -139,12 +139,18 @@ impl MistralEngines {
 
     /// The prompt as the chat engine sees it: template applied, generation prompt added.
     pub fn prompt_tokens(&mut self, prompt: &str) -> Result<Vec<u32>> {
-        if let Some(tokens) = self.prompts.get(prompt) {
+        self.chat_tokens(&[("user".to_string(), prompt.to_string())])
+    }
+
+    /// A conversation of (role, content) turns as the chat engine sees it.
+    pub fn chat_tokens(&mut self, turns: &[(String, String)]) -> Result<Vec<u32>> {
+        let key = serde_json::to_string(turns)?;
+        if let Some(tokens) = self.prompts.get(&key) {
             return Ok(tokens.clone());
         }
         let (tx, mut rx) = tokio::sync::mpsc::channel(1);
         let request = Request::Tokenize(TokenizationRequest {
-            text: either::Either::Left(vec![user_turn(prompt)]),
+            text: either::Either::Left(turns.iter().map(|(role, text)| chat_turn(role, text)).collect()),
             tools: None,
             add_generation_prompt: true,
             add_special_tokens: true,
@@ -156,7 +162,7 @@ impl MistralEngines {
             self.target.get_sender(None)?.send(request).await?;
             rx.recv().await.context("the engine dropped the request")?
         })?;
-        self.prompts.insert(prompt.to_string(), tokens.clone());
+        self.prompts.insert(key, tokens.clone());
         Ok(tokens)
     }
 

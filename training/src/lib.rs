@@ -21,4 +21,5 @@ pub mod miner;
 pub mod pad_fit;
 pub mod pad_head;
 pub mod pad_mine;
+pub mod responses;
 pub mod sv_profile;

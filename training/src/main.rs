@@ -53,6 +53,10 @@ enum Command {
     /// An EAGLE-3 draft head, self-distilled: the target's greedy responses to GSM8K train
     /// prompts, their features, training; every stage resumes where a kill left it.
     Eagle(EagleArgs),
+    /// The general prompt mixture (GSM8K train, MATH outside MATH-500, MBPP tasks in sixteen
+    /// languages outside the evaluated ones, question answering) for `eagle --prompts`,
+    /// checked by text against every evaluation set; writes the prompts and a report.
+    Mixture(MixtureArgs),
     /// Replay an EAGLE-3 head's greedy chain drafting on the held-out problems' features:
     /// the τ a greedy `exact` bench of those responses would measure, without running one.
     EagleReplay(EagleReplayArgs),
@@ -117,15 +121,80 @@ struct EagleReplayArgs {
 }
 
 #[derive(Args)]
+struct MixtureArgs {
+    /// A verdict config (its `models.cache_dir` holds the fetched data).
+    #[arg(long, short, default_value = "configs/default.toml")]
+    config: PathBuf,
+    /// The folder holding GSM8K's train.jsonl (else $VERDICT_GSM8K).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 600)]
+    gsm8k: usize,
+    #[arg(long, default_value_t = 600)]
+    math: usize,
+    #[arg(long, default_value_t = 600)]
+    code: usize,
+    #[arg(long, default_value_t = 400)]
+    qa: usize,
+    /// The prompts file; its report is written beside it as `<out>.report.json`.
+    #[arg(long, default_value = ".verdict-work/general/prompts.jsonl")]
+    out: PathBuf,
+}
+
+fn run_mixture(args: &MixtureArgs) -> Result<()> {
+    let config = Config::load(&args.config)?;
+    let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+    let gsm8k_dir = verdict_cli::datasets::gsm8k_dir(args.data_dir.clone(), &cache);
+    let plan = verdict_eval::mixture::MixturePlan {
+        gsm8k: args.gsm8k,
+        math: args.math,
+        code: args.code,
+        qa: args.qa,
+    };
+    let (records, report) = verdict_eval::mixture::build(&gsm8k_dir, &cache, &plan)?;
+    verdict_eval::prompts::save(&args.out, &records)?;
+    let mut report_path = args.out.clone().into_os_string();
+    report_path.push(".report.json");
+    std::fs::write(&report_path, serde_json::to_string_pretty(&report)?)?;
+    tracing::info!(
+        "{} prompts ({:?}) in {}; {} training statements checked against {:?}: no overlap; report {}",
+        records.len(),
+        report.prompts_per_source,
+        args.out.display(),
+        report.overlap_check.training_statements,
+        report.overlap_check.evaluation_sets,
+        std::path::Path::new(&report_path).display()
+    );
+    Ok(())
+}
+
+#[derive(Args)]
 struct EagleArgs {
     #[command(flatten)]
     task: TaskArgs,
     /// First problem of the split to use.
     #[arg(long, default_value_t = 0)]
     first: usize,
-    /// Problems to generate responses for and train on (every --hold-out-every-th is held out).
+    /// Problems (or prompts of --prompts) to generate responses for and train on (every
+    /// --hold-out-every-th is held out).
     #[arg(long, default_value_t = 1000)]
     problems: usize,
+    /// Train on the target's responses to this prompts file (JSON Lines of {"prompt": …} or
+    /// {"messages": […]}, e.g. a request log, or `train-head mixture`'s) instead of GSM8K.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// With --prompts: the responses' sampling temperature (0: greedy); default the config's.
+    #[arg(long)]
+    temperature: Option<f64>,
+    /// With --prompts: nucleus sampling of the responses; default the config's.
+    #[arg(long)]
+    top_p: Option<f64>,
+    /// With --prompts: the responses' token budget; default the config's.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// The last stage to run: responses, features, or head (all).
+    #[arg(long, value_enum, default_value = "head")]
+    until: verdict_training::eagle_pipeline::EagleStage,
     #[arg(long, default_value_t = 20)]
     hold_out_every: usize,
     /// Responses decoded together (prompts of equal token count only).
@@ -170,6 +239,15 @@ fn run_eagle(args: &EagleArgs) -> Result<()> {
         split: args.task.split.clone(),
         first: args.first,
         problems: args.problems,
+        prompts: args.prompts.clone(),
+        until: args.until,
+        response_sampling: args.prompts.as_ref().map(|_| {
+            let mut sampling = config.sampling.clone();
+            sampling.temperature = args.temperature.unwrap_or(sampling.temperature);
+            sampling.top_p = args.top_p.or(sampling.top_p);
+            sampling.max_tokens = args.max_tokens.unwrap_or(sampling.max_tokens);
+            sampling
+        }),
         generate_batch: args.generate_batch,
         hold_out_every: args.hold_out_every,
         draft_vocab: args.draft_vocab,
@@ -489,6 +567,7 @@ fn main() -> Result<()> {
         ),
         Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
         Some(Command::Eagle(args)) => run_eagle(&args),
+        Some(Command::Mixture(args)) => run_mixture(&args),
         Some(Command::SvProfile(args)) => {
             let (config, data_dir) = args.task.config_and_data_dir()?;
             let plan = SvProfilePlan {

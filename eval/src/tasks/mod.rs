@@ -1,7 +1,10 @@
 //! Tasks with checkable answers. One prompt format per task is shared by the benchmark and
 //! by mining, so what is mined is what is measured.
 
+pub mod code;
 pub mod gsm8k;
+pub mod math;
+pub mod mbpp;
 
 /// A task: how to ask a problem and how to judge a response.
 pub trait TaskAdapter {
