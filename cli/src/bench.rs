@@ -28,7 +28,7 @@ use verdict_eval::{
     sandbox::SandboxLimits,
 };
 use verdict::{
-    config::{Config, EagleDrafting, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
+    config::{Config, EagleDrafting, COMBINED_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
@@ -80,10 +80,16 @@ impl Mode {
     /// pads them to the widest): `eagle-q4k-g6-c0.5:exact`, `eagle-sv:exact`. Returns the
     /// options' text ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
-        if let Some(stack) = self.0.strip_prefix(EAGLE_MODE_PREFIX) {
+        let eagle = self.0.strip_prefix(COMBINED_MODE_PREFIX).unwrap_or(&self.0);
+        if let Some(stack) = eagle.strip_prefix(EAGLE_MODE_PREFIX) {
             return Some(("", stack));
         }
-        self.0.strip_prefix("eagle-")?.split_once(':')
+        eagle.strip_prefix("eagle-")?.split_once(':')
+    }
+
+    /// Drafts by prompt lookup and the EAGLE head together (`ngram+eagle…:<stack>`).
+    pub fn combines_lookup_and_head(&self) -> bool {
+        self.0.starts_with(COMBINED_MODE_PREFIX) && self.drafts_with_eagle()
     }
 
     /// Drafts from the EAGLE head rather than the draft model.
@@ -91,7 +97,7 @@ impl Mode {
         self.eagle_parts().is_some()
     }
 
-    /// Drafts by prompt lookup (`ngram:<stack>`): no model drafts.
+    /// Drafts by prompt lookup alone (`ngram:<stack>`): no model drafts.
     pub fn drafts_by_lookup(&self) -> bool {
         self.0.starts_with(NGRAM_MODE_PREFIX)
     }
@@ -310,9 +316,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let mut eagle_drafting: BTreeMap<Mode, EagleDrafting> = BTreeMap::new();
     for mode in &options.modes {
         // `eagle-<options>:<stack>` is known when `eagle:<stack>` is.
-        let as_configured = match mode.drafts_with_eagle() {
-            true => format!("{EAGLE_MODE_PREFIX}{}", mode.stack_name()),
-            false => mode.0.clone(),
+        let as_configured = match (mode.combines_lookup_and_head(), mode.drafts_with_eagle()) {
+            (true, _) => format!("{COMBINED_MODE_PREFIX}{EAGLE_MODE_PREFIX}{}", mode.stack_name()),
+            (false, true) => format!("{EAGLE_MODE_PREFIX}{}", mode.stack_name()),
+            (false, false) => mode.0.clone(),
         };
         if !known.contains(&as_configured) {
             bail!(
@@ -368,7 +375,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let mut built: Vec<((EagleDrafting, Option<Mode>), _)> = Vec::new();
     let mut eagle_proposers = BTreeMap::new();
     for (mode, drafting) in &eagle_drafting {
-        let key = (*drafting, drafting.learn_keep_rates.then(|| mode.clone()));
+        // A head that learns keep rates, or that a lookup shares steps with, is the mode's own.
+        let key = (*drafting, (drafting.learn_keep_rates || mode.combines_lookup_and_head()).then(|| mode.clone()));
         let proposer = match built.iter().find(|(k, _)| *k == key) {
             Some((_, proposer)) => Arc::clone(proposer),
             None => {
@@ -404,18 +412,25 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     // One engine per speculative mode, so that each mode's prefix cache holds only its own
     // earlier requests, as plain decoding's does: modes sharing an engine would find each
     // problem's whole prompt cached by the mode that ran it first.
+    let mut combined_proposers = BTreeMap::new();
     let (plain, speculative) = runtime.block_on(async {
         let plain = Engine::plain(&models, scheduling(options.batch)).await;
         let lossless = || JudgeStack::lossless(s.base_rule);
         let mut speculative = BTreeMap::new();
         for mode in stacks.keys() {
             let engine = match eagle_drafting.get(mode) {
+                Some(drafting) if mode.combines_lookup_and_head() => {
+                    let combined = models.combined_proposer(config, eagle_proposers[mode].clone(), drafting.gamma)?;
+                    combined_proposers.insert(mode.clone(), combined.clone());
+                    let gamma = combined.gamma();
+                    Engine::with_proposer(&models, combined, gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                }
                 Some(drafting) => {
                     let proposer = eagle_proposers[mode].clone();
                     Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 None if mode.drafts_by_lookup() => {
-                    Engine::with_proposer(&models, models.ngram_proposer(config)?, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                    Engine::with_proposer(&models, models.ngram_proposer(config)?, s.ngram_gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?,
             };
@@ -606,6 +621,14 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     for (mode, latency) in &learned {
         tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", latency.describe(8));
     }
+    // Which proposal the combined modes' steps took, and what lookup drafts were kept at.
+    let combined_choices: BTreeMap<String, serde_json::Value> = combined_proposers
+        .iter()
+        .map(|(mode, p): (&Mode, &Arc<verdict::proposers::combined::CombinedProposer>)| {
+            tracing::info!("{}: steps took {:?}", mode.name(), p.choices());
+            (mode.name(), serde_json::json!({"choices": p.choices(), "lookup_keep_rates": p.keep_rates()}))
+        })
+        .collect();
     let report = serde_json::json!({
         "dataset": options.task.as_str(),
         "split": if options.task == TaskName::Gsm8k { options.split.as_str() } else { "test" },
@@ -621,6 +644,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
         "learned_verify_ms": learned.iter().map(|(mode, l)| (mode, l.points())).collect::<BTreeMap<_, _>>(),
+        "combined_proposers": combined_choices,
         "divergences": divergences,
         "runs": runs,
     });

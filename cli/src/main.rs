@@ -414,7 +414,13 @@ async fn build_engine(
             }
             ProposerKind::Ngram => {
                 let proposer = models.ngram_proposer(config)?;
-                Ok((Engine::with_proposer(models, proposer, s.gamma, stack, s.seed, metrics, &config.server).await?, None))
+                Ok((Engine::with_proposer(models, proposer, s.ngram_gamma, stack, s.seed, metrics, &config.server).await?, None))
+            }
+            ProposerKind::NgramEagle => {
+                let head = models.eagle_proposer(config)?;
+                let proposer = models.combined_proposer(config, head.clone(), s.gamma)?;
+                let gamma = proposer.gamma();
+                Ok((Engine::with_proposer(models, proposer, gamma, stack, s.seed, metrics, &config.server).await?, Some(head)))
             }
         }
     } else {

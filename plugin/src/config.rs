@@ -156,6 +156,9 @@ pub struct SpeculativeConfig {
     pub ngram_min: usize,
     /// ... and the longest, tried first.
     pub ngram_max: usize,
+    /// The most drafts a lookup proposal holds (its drafts cost no model call, and copied
+    /// text runs long).
+    pub ngram_gamma: usize,
 }
 
 /// How the EAGLE head drafts: its matrices, up to how many drafts a step, and where it stops.
@@ -214,6 +217,7 @@ impl Default for SpeculativeConfig {
             packed_verify_rows: true,
             ngram_min: 2,
             ngram_max: 4,
+            ngram_gamma: 8,
         }
     }
 }
@@ -366,10 +370,17 @@ pub enum ProposerKind {
     /// Prompt lookup: the continuation of the longest recent n-gram match in the text so
     /// far; no model call, no draft model.
     Ngram,
+    /// Prompt lookup and the EAGLE head, each step taking the proposal worth most.
+    #[serde(rename = "ngram+eagle")]
+    NgramEagle,
 }
 
 /// Bench modes that draft by prompt lookup start with this (`ngram:exact`).
 pub const NGRAM_MODE_PREFIX: &str = "ngram:";
+
+/// Bench modes that draft by prompt lookup and the EAGLE head together start with this
+/// before an EAGLE mode (`ngram+eagle:exact`, `ngram+eagle-sv:exact`).
+pub const COMBINED_MODE_PREFIX: &str = "ngram+";
 
 /// Bench modes that draft with the EAGLE head start with this (`eagle:exact`); the rest
 /// names the judge stack.
@@ -535,7 +546,10 @@ impl Config {
             .collect();
         let speculative: Vec<&String> = stacks.iter().filter(|s| s.as_str() != "plain" && s.as_str() != PLAIN_AGAIN_MODE).collect();
         let eagle: Vec<String> = match self.speculative.eagle_head {
-            Some(_) => speculative.iter().map(|s| format!("{EAGLE_MODE_PREFIX}{s}")).collect(),
+            Some(_) => speculative
+                .iter()
+                .flat_map(|s| [format!("{EAGLE_MODE_PREFIX}{s}"), format!("{COMBINED_MODE_PREFIX}{EAGLE_MODE_PREFIX}{s}")])
+                .collect(),
             None => Vec::new(),
         };
         let ngram: Vec<String> = speculative.iter().map(|s| format!("{NGRAM_MODE_PREFIX}{s}")).collect();
@@ -599,10 +613,13 @@ impl Config {
             ProposerKind::DraftModel if s.enabled && self.models.draft.is_none() => bail!(
                 "speculative.enabled = true needs models.draft (or proposer = \"eagle\" with eagle_head, or proposer = \"ngram\"); set it or disable speculation"
             ),
-            ProposerKind::Eagle if s.eagle_head.is_none() => bail!(
-                "speculative.proposer = \"eagle\" needs speculative.eagle_head, the head's folder"
+            ProposerKind::Eagle | ProposerKind::NgramEagle if s.eagle_head.is_none() => bail!(
+                "speculative.proposer = \"eagle\" or \"ngram+eagle\" needs speculative.eagle_head, the head's folder"
             ),
             _ => {}
+        }
+        if !(1..=32).contains(&s.ngram_gamma) {
+            bail!("speculative.ngram_gamma = {} is out of range; use 1..=32", s.ngram_gamma);
         }
         if s.ngram_min < 1 || s.ngram_min > s.ngram_max || s.ngram_max > 64 {
             bail!(
@@ -611,7 +628,7 @@ impl Config {
                 s.ngram_max
             );
         }
-        if self.sv.enabled && s.proposer != ProposerKind::Eagle {
+        if self.sv.enabled && !matches!(s.proposer, ProposerKind::Eagle | ProposerKind::NgramEagle) {
             bail!("sv.enabled = true needs speculative.proposer = \"eagle\": the head's confidences price the drafts");
         }
         self.sv.verify_budget()?;

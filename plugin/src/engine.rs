@@ -27,6 +27,7 @@ use crate::{
     metrics::Metrics,
     models::{cache_dir, resolve, ModelSource},
     proposers::{
+        combined::CombinedProposer,
         eagle_proposer::{EagleProposer, DEFAULT_PREFIX_CACHE_BYTES},
         ngram::{NgramProposer, NgramSettings},
         timed::TimedProposer,
@@ -180,6 +181,11 @@ impl LoadedModels {
     }
 
     /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
+    /// Prompt lookup and `head` together, each step taking the proposal worth most.
+    pub fn combined_proposer(&self, config: &Config, head: Arc<EagleProposer>, head_gamma: usize) -> Result<Arc<CombinedProposer>> {
+        Ok(Arc::new(CombinedProposer::new(self.ngram_proposer(config)?, head, config.speculative.ngram_gamma, head_gamma)))
+    }
+
     /// The prompt-lookup proposer `[speculative]`'s n-gram lengths describe.
     pub fn ngram_proposer(&self, config: &Config) -> Result<Arc<NgramProposer>> {
         let s = &config.speculative;

@@ -28,6 +28,7 @@ use crate::{
     sv::{
         keep_rates::KeepRates,
         latency_store::{LatencyStore, SAVE_EVERY_SAMPLES},
+        latency::VerifyLatency,
         learned_latency::LearnedLatency,
         verify_budget::VerifyBudget,
     },
@@ -211,6 +212,34 @@ impl EagleProposer {
     pub fn with_latency_store(mut self, store: Option<(LatencyStore, u64)>) -> Self {
         self.latency_store = store;
         self
+    }
+
+    /// T_v as SV prices rows now: learned on this machine, else the budget's, else a generic
+    /// CPU shape (another proposer choosing between its drafts and the head's prices rows
+    /// alike).
+    pub fn verify_latency(&self) -> VerifyLatency {
+        match (&self.learned_latency, &self.verify_budget) {
+            (Some(learned), _) => learned.lock().unwrap_or_else(|e| e.into_inner()).current().clone(),
+            (None, Some(budget)) => budget.latency.clone(),
+            (None, None) => LearnedLatency::generic_prior(),
+        }
+    }
+
+    /// What SV reads as the chance each draft of `seq_id`'s last proposal is kept.
+    pub fn last_keep_chances(&self, seq_id: usize) -> Vec<f32> {
+        let confidences = self.sequences().get(&seq_id).map(|live| live.confidences.clone()).unwrap_or_default();
+        self.priced(&confidences)
+    }
+
+    /// `seq_id`'s last proposal was set aside for another proposer's `drafts` drafts: the
+    /// head's drafts are never verified (their fate teaches nothing), and the step's verify
+    /// has `drafts` rows besides the sequence's own (what a learned T_v samples).
+    pub fn proposal_replaced(&self, seq_id: usize, drafts: usize) {
+        if let Some(live) = self.sequences().get_mut(&seq_id) {
+            live.drafts.clear();
+            live.confidences.clear();
+            live.verified = drafts;
+        }
     }
 
     /// T_v as learned so far, if learning (for logs and tests).

@@ -2,6 +2,7 @@
 //! the patched pipeline; EAGLE heads draft from the target's own hidden states here, and
 //! prompt lookup from the text so far.
 
+pub mod combined;
 pub mod eagle;
 pub mod embeddings;
 pub mod eagle_proposer;

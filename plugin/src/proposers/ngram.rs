@@ -144,6 +144,38 @@ impl NgramProposer {
         self.sequences.lock().unwrap().len()
     }
 
+    pub fn settings(&self) -> NgramSettings {
+        self.settings
+    }
+
+    /// Tokens seen of `seq_id` so far.
+    pub fn sequence_len(&self, seq_id: usize) -> usize {
+        self.sequences.lock().unwrap().get(&seq_id).map_or(0, NgramIndex::len)
+    }
+
+    /// Up to `gamma` drafts for `seq_id` (within the target's vocabulary), if its text so
+    /// far repeats an n-gram.
+    pub fn lookup(&self, seq_id: usize, gamma: usize) -> Option<NgramMatch> {
+        let mut found = self.sequences.lock().unwrap().get(&seq_id)?.lookup(gamma)?;
+        if let Some(outside) = found.drafts.iter().position(|&t| t as usize >= self.vocab_size) {
+            found.drafts.truncate(outside);
+        }
+        (!found.drafts.is_empty()).then_some(found)
+    }
+
+    /// `drafts` as a proposal: point-mass rows, each drawn by the rule's sampler so that it
+    /// records q (a point mass can only give back its own token).
+    pub fn point_mass_drafts(&self, drafts: &[u32], sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
+        let logits = self.point_masses(drafts)?;
+        for (row, &token) in drafts.iter().enumerate() {
+            let drawn = sample(&logits.get(row)?)?;
+            if drawn != token {
+                candle_core::bail!("the sampler drew {drawn} from a point mass at {token}");
+            }
+        }
+        Ok((drafts.to_vec(), logits))
+    }
+
     /// `[drafts, vocab]` rows, each a point mass at its draft.
     fn point_masses(&self, drafts: &[u32]) -> Result<Tensor> {
         let mut logits = vec![POINT_MASS_ELSEWHERE; drafts.len() * self.vocab_size];
@@ -169,19 +201,8 @@ impl Proposer for NgramProposer {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let found = self.sequences.lock().unwrap().get(&seq_id).and_then(|index| index.lookup(gamma));
-        let mut drafts = found.map(|m| m.drafts).unwrap_or_default();
-        drafts.retain(|&t| (t as usize) < self.vocab_size);
-        let logits = self.point_masses(&drafts)?;
-        // The rule's sampler draws each draft from its row, so it records q; a point mass
-        // can only give back its own token.
-        for (row, &token) in drafts.iter().enumerate() {
-            let drawn = sample(&logits.get(row)?)?;
-            if drawn != token {
-                candle_core::bail!("the sampler drew {drawn} from a point mass at {token}");
-            }
-        }
-        Ok((drafts, logits))
+        let drafts = self.lookup(seq_id, gamma).map(|m| m.drafts).unwrap_or_default();
+        self.point_mass_drafts(&drafts, sample)
     }
 
     fn release(&self, seq_id: usize) {
