@@ -486,3 +486,51 @@ fn a_judge_reading_draft_model_states_is_refused_with_eagle_drafts() {
     let err = format!("{err:#}");
     assert!(err.contains("autojudge") && err.contains("draft model's hidden states"), "{err}");
 }
+
+/// Prompts that repeat themselves, so that prompt lookup finds matches from the first step.
+fn repeating_prompts() -> Vec<String> {
+    [&[3, 8, 15, 3, 8, 15, 3, 8][..], &[21, 4, 21, 4, 21, 4, 9], &[40, 41, 42, 43, 40, 41, 42], &[5, 6, 7]]
+        .iter()
+        .map(|ids| words(ids))
+        .collect()
+}
+
+/// Prompt lookup drafts point masses from the text so far, alone or sharing steps with an
+/// EAGLE head: greedy answers are plain decoding's under both lossless rules, one sequence
+/// at a time and several verified together, and no sequence's state outlives it.
+#[test]
+fn greedy_lossless_with_prompt_lookup_alone_or_with_the_head_is_plain_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Qwen2, 11);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let config = eagle_config(dir.path(), 3);
+    let models = LoadedModels::load(&config).unwrap();
+    let mut prompts = repeating_prompts();
+    prompts.extend(many_prompts());
+    let plain = plain_runs(&models, &config, &prompts);
+    write_frequent_tokens_head(&s, &dir.path().join("head"), &plain);
+    let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
+
+    let mut lookup_config = Config::from_toml(&eagle_toml(dir.path(), 3, "f32").replace("proposer = \"eagle\"", "proposer = \"ngram\"")).unwrap();
+    lookup_config.speculative.ngram_min = 1;
+    lookup_config.speculative.ngram_max = 3;
+    let lookup = models.ngram_proposer(&lookup_config).unwrap();
+    for (base, texts, steps) in speculative_texts(&models, &lookup_config, || lookup.clone(), &prompts) {
+        assert_eq!(texts, plain, "{base:?}: prompt lookup's output differs from plain decoding");
+        let (partial, full) = outcomes(&steps);
+        assert!(partial > 0 && full > 0, "{base:?}: {partial} refused and {full} kept lookup proposals");
+        assert_eq!(lookup.live_sequences(), 0, "finished sequences left lookup state behind");
+    }
+
+    let head = models.eagle_proposer(&lookup_config).unwrap();
+    let combined = models.combined_proposer(&lookup_config, head.clone(), 3).unwrap();
+    for (base, texts, _) in speculative_texts(&models, &lookup_config, || combined.clone(), &prompts) {
+        assert_eq!(texts, plain, "{base:?}: lookup with the head differs from plain decoding");
+    }
+    let choices = combined.choices();
+    assert!(choices.lookup > 0 && choices.head > 0, "the combined proposer never took one of its proposals: {choices:?}");
+    let (texts, steps) = concurrent_texts(&models, &lookup_config, combined.clone(), &prompts[..4]);
+    assert_eq!(texts, plain[..4], "lookup with the head, 4 sequences at once, differs from plain decoding");
+    assert_cache_lengths(BaseRule::Exact, &steps);
+    assert_eq!(head.live_sequences(), 0, "finished sequences left head state behind");
+}
