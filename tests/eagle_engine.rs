@@ -534,3 +534,92 @@ fn greedy_lossless_with_prompt_lookup_alone_or_with_the_head_is_plain_decoding()
     assert_cache_lengths(BaseRule::Exact, &steps);
     assert_eq!(head.live_sequences(), 0, "finished sequences left head state behind");
 }
+
+/// Tokens 1–3 of `runs` answers to `prompt` sampled by `engine`'s target at the config's
+/// temperature, by position (`None`: the answer ended before).
+fn sampled_positions(engine: &Engine, config: &Config, prompt: &str, runs: usize) -> Vec<[Option<String>; 3]> {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut out = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let g = generate(&engine.mistralrs, &Prompt::Text(prompt.to_string()), &config.sampling).await.unwrap();
+            engine.settle().await;
+            let mut words = g.text.split_whitespace().map(str::to_string);
+            out.push([words.next(), words.next(), words.next()]);
+        }
+        out
+    })
+}
+
+/// Pearson's χ² of two equally sized samples' counts at one position, categories seen fewer
+/// than 10 times together pooled into one; returns (χ², degrees of freedom).
+fn chi_square_two_samples(a: &[[Option<String>; 3]], b: &[[Option<String>; 3]], position: usize) -> (f64, usize) {
+    let mut counts: std::collections::BTreeMap<Option<String>, (f64, f64)> = Default::default();
+    for x in a {
+        counts.entry(x[position].clone()).or_default().0 += 1.0;
+    }
+    for x in b {
+        counts.entry(x[position].clone()).or_default().1 += 1.0;
+    }
+    let (mut rare, mut cells) = ((0.0, 0.0), Vec::new());
+    for (_, (x, y)) in counts {
+        if x + y < 10.0 {
+            rare = (rare.0 + x, rare.1 + y);
+        } else {
+            cells.push((x, y));
+        }
+    }
+    if rare.0 + rare.1 > 0.0 {
+        cells.push(rare);
+    }
+    let chi2 = cells.iter().map(|(x, y)| (x - y) * (x - y) / (x + y)).sum();
+    (chi2, cells.len().saturating_sub(1))
+}
+
+/// χ² critical value at p = 1e-4 (Wilson–Hilferty): a lossless rule fails once in 10,000
+/// runs per position.
+fn chi_square_critical(df: usize) -> f64 {
+    let (df, z) = (df.max(1) as f64, 3.719);
+    df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3)
+}
+
+/// Sampling at temperature 1 through the whole pipeline: tokens 1–3 drawn with `rejection`
+/// and EAGLE drafts (a head whose 4-token draft vocabulary leaves q = 0 on every other token)
+/// are distributed as plain sampling's, position by position; a lossy stack that keeps every
+/// draft is told apart by the same test.
+#[test]
+fn rejection_with_eagle_drafts_samples_the_targets_distribution_through_the_pipeline() {
+    const RUNS: usize = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Qwen2, 11);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let greedy = eagle_config(dir.path(), 3);
+    let models = LoadedModels::load(&greedy).unwrap();
+    let plain = plain_runs(&models, &greedy, &many_prompts());
+    write_frequent_tokens_head(&s, &dir.path().join("head"), &plain);
+    let toml = eagle_toml(dir.path(), 2, "f32")
+        .replace("gamma = 2\n", "gamma = 2\nbase_rule = \"rejection\"\n")
+        .replace("temperature = 0.0", "temperature = 1.0")
+        .replace(&format!("max_tokens = {MAX_TOKENS}"), "max_tokens = 3");
+    let config = Config::from_toml(&toml).unwrap();
+    let prompt = words(&[9, 30, 7]);
+    let plain_engine = tokio::runtime::Runtime::new().unwrap().block_on(Engine::plain(&models, 1));
+    let reference = sampled_positions(&plain_engine, &config, &prompt, RUNS);
+    let speculative = |stack: JudgeStack| {
+        let engine = tokio::runtime::Runtime::new().unwrap().block_on(async {
+            Engine::with_proposer(&models, models.eagle_proposer(&config).unwrap(), 2, stack, 5, Arc::new(Metrics::default()), 1).await.unwrap()
+        });
+        sampled_positions(&engine, &config, &prompt, RUNS)
+    };
+    let lossless = speculative(JudgeStack::lossless(BaseRule::Rejection));
+    for position in 0..3 {
+        let (chi2, df) = chi_square_two_samples(&reference, &lossless, position);
+        assert!(df >= 3, "position {}: too few categories ({df}) for the test to mean anything", position + 1);
+        assert!(chi2 < chi_square_critical(df), "position {}: χ² {chi2:.1} on {df} degrees of freedom against plain sampling", position + 1);
+    }
+    // FSD replacing the base rule with a divergence bound no pair exceeds keeps every draft:
+    // tokens 2–3 then come from the head's 4 tokens, and the test sees it.
+    let keeps_all = Config::from_toml(&format!("{}[[judge]]\nkind = \"fsd\"\ndivergence = \"kl-draft-target\"\nthreshold = 1000.0\nmode = \"replace\"\n", toml)).unwrap();
+    let lossy = speculative(models.configured_stack(&keeps_all).unwrap());
+    let (chi2, df) = chi_square_two_samples(&reference, &lossy, 1);
+    assert!(chi2 > chi_square_critical(df), "a stack keeping every draft passed as lossless: χ² {chi2:.1} on {df}");
+}
