@@ -35,6 +35,7 @@ fn run(dir: &std::path::Path, batch: usize, ragged: bool, modes: &[&str], out: &
             explain_divergences: false,
             batch,
             prefix_cache: false,
+            seeds: 1,
         },
     )
     .unwrap();

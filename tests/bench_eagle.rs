@@ -43,6 +43,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         explain_divergences: false,
         batch: 1,
         prefix_cache: true,
+        seeds: 1,
     };
     bench::run(&config, &options).unwrap();
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();

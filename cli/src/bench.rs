@@ -181,6 +181,9 @@ pub struct BenchOptions {
     /// Engines keep finished requests' caches for later ones sharing their prefix (bounded by
     /// `[server] prefix_cache_mb`); every mode's engine has its own.
     pub prefix_cache: bool,
+    /// Samples per problem and mode (sampling at a temperature): accuracy is the mean over
+    /// them, and each is paired with plain decoding's sample of the same number.
+    pub seeds: usize,
 }
 
 /// One (problem, mode) run.
@@ -188,6 +191,9 @@ pub struct BenchOptions {
 pub struct Run {
     /// The problem's index in the split.
     pub problem: usize,
+    /// Which of the problem's `--seeds` samples this is (0 for the first, and for greedy).
+    #[serde(default)]
+    pub seed: usize,
     pub mode: Mode,
     pub correct: bool,
     pub answer: Option<String>,
@@ -345,6 +351,12 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         },
     )?;
     let selected = options.subset.indices(benchmark.len())?;
+    ensure!(options.seeds >= 1, "--seeds 0: pass at least 1");
+    if options.seeds > 1 && config.sampling.temperature == 0.0 {
+        tracing::warn!("--seeds {} with greedy decoding: every sample of a problem is the same text", options.seeds);
+    }
+    // Each (problem, seed) is one unit of work, problems first.
+    let units: Vec<(usize, usize)> = selected.iter().flat_map(|&p| (0..options.seeds).map(move |seed| (p, seed))).collect();
     if options.batch == 0 {
         bail!("--batch 0: pass at least 1");
     }
@@ -359,8 +371,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     let mut runs = load_checkpoint(&checkpoint)?;
     let selected_set: HashSet<usize> = selected.iter().copied().collect();
-    runs.retain(|r| selected_set.contains(&r.problem) && options.modes.contains(&r.mode));
-    let done: HashSet<(usize, Mode)> = runs.iter().map(|r| (r.problem, r.mode.clone())).collect();
+    runs.retain(|r| selected_set.contains(&r.problem) && r.seed < options.seeds && options.modes.contains(&r.mode));
+    let done: HashSet<((usize, usize), Mode)> = runs.iter().map(|r| ((r.problem, r.seed), r.mode.clone())).collect();
     if !done.is_empty() {
         tracing::info!(
             "resuming: {} runs already in {}",
@@ -439,7 +451,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         anyhow::Ok((plain, speculative))
     })?;
 
-    let total = selected.len() * options.modes.len();
+    let total = units.len() * options.modes.len();
     let bar = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template(
             "{bar:30} {pos}/{len} runs  {elapsed} elapsed, ETA {eta}  {msg}",
@@ -453,8 +465,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .open(&checkpoint)?;
     let mut record = |run: Run, runs: &mut Vec<Run>| -> Result<()> {
         tracing::info!(
-            "problem {} {}: {} tokens in {:.1}s, answer {:?} ({}){}",
+            "problem {}{} {}: {} tokens in {:.1}s, answer {:?} ({}){}",
             run.problem,
+            if options.seeds > 1 { format!(" seed {}", run.seed) } else { String::new() },
             run.mode.name(),
             run.completion_tokens,
             run.seconds,
@@ -471,10 +484,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         bar.inc(1);
         Ok(())
     };
-    let new_run = |index: usize, mode: &Mode, generation: Generation, counters, batch_size| {
+    let new_run = |(index, seed): (usize, usize), mode: &Mode, generation: Generation, counters, batch_size| {
         let grade = benchmark.grade(index, &generation.text);
         Run {
         problem: index,
+        seed,
         mode: mode.clone(),
         correct: grade.correct,
         answer: grade.answer,
@@ -486,13 +500,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     }
     };
     if options.batch > 1 {
-        let pending: Vec<usize> = selected
+        let pending: Vec<(usize, usize)> = units
             .iter()
             .copied()
-            .filter(|&i| options.modes.iter().any(|m| !done.contains(&(i, m.clone()))))
+            .filter(|&u| options.modes.iter().any(|m| !done.contains(&(u, m.clone()))))
             .collect();
         let groups = match config.server.ragged_batches {
-            true => pending.chunks(options.batch).map(<[usize]>::to_vec).collect(),
+            true => pending.chunks(options.batch).map(<[(usize, usize)]>::to_vec).collect(),
             false => {
                 let tokenizer = models
                     .target
@@ -500,13 +514,13 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     .tokenizer()
                     .context("the target has no tokenizer to group prompts by length")?;
                 let mut lengths = Vec::with_capacity(pending.len());
-                for &index in &pending {
+                for &(index, seed) in &pending {
                     let prompt = benchmark.prompt(index);
                     let encoding = tokenizer
                         .encode(prompt.as_str(), false)
                         .map_err(anyhow::Error::msg)
                         .with_context(|| format!("cannot tokenize problem {index}"))?;
-                    lengths.push((index, encoding.len()));
+                    lengths.push(((index, seed), encoding.len()));
                 }
                 equal_length_batches(&lengths, options.batch)
             }
@@ -516,7 +530,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             // Modes take turns first, group by group, as the unbatched runs do per problem.
             for k in 0..n {
                 let mode = &options.modes[(position + k) % n];
-                let todo: Vec<usize> = group.iter().copied().filter(|&i| !done.contains(&(i, mode.clone()))).collect();
+                let todo: Vec<(usize, usize)> = group.iter().copied().filter(|&u| !done.contains(&(u, mode.clone()))).collect();
                 if todo.is_empty() {
                     continue;
                 }
@@ -533,16 +547,16 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 let started = std::time::Instant::now();
                 let generations = runtime.block_on(async {
                     let mut set = tokio::task::JoinSet::new();
-                    for &index in &todo {
+                    for &unit in &todo {
                         let mistralrs = engine.mistralrs.clone();
-                        let prompt = Prompt::Chat(benchmark.prompt(index));
+                        let prompt = Prompt::Chat(benchmark.prompt(unit.0));
                         let sampling = config.sampling.clone();
-                        set.spawn(async move { (index, generate(&mistralrs, &prompt, &sampling).await) });
+                        set.spawn(async move { (unit, generate(&mistralrs, &prompt, &sampling).await) });
                     }
                     let mut out = BTreeMap::new();
                     while let Some(joined) = set.join_next().await {
-                        let (index, generation) = joined?;
-                        out.insert(index, generation.with_context(|| format!("problem {index}, mode {}", mode.name()))?);
+                        let (unit, generation) = joined?;
+                        out.insert(unit, generation.with_context(|| format!("problem {} seed {}, mode {}", unit.0, unit.1, mode.name()))?);
                     }
                     engine.settle().await;
                     anyhow::Ok(out)
@@ -561,27 +575,28 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 }
                 // The group's counters go with its first run (summaries add them up).
                 let mut counters = stack.map(|_| metrics.snapshot().since(&before));
-                for (index, mut generation) in generations {
+                for (unit, mut generation) in generations {
                     generation.seconds = share;
-                    record(new_run(index, mode, generation, counters.take(), todo.len()), &mut runs)?;
+                    record(new_run(unit, mode, generation, counters.take(), todo.len()), &mut runs)?;
                 }
             }
         }
     }
     // Unbatched: one problem at a time, the modes rotated (a batched run has done its runs).
-    let one_at_a_time = if options.batch > 1 { &[][..] } else { &selected[..] };
+    let one_at_a_time = if options.batch > 1 { &[][..] } else { &units[..] };
     // The order is rotated per problem so no mode always runs first (warm caches, turbo);
     // `plain-again` runs last.
     let (last, rotated): (Vec<&Mode>, Vec<&Mode>) = options.modes.iter().partition(|m| **m == Mode::plain_again());
     let n = rotated.len();
-    for (position, &index) in one_at_a_time.iter().enumerate() {
+    for (position, &(index, seed)) in one_at_a_time.iter().enumerate() {
         let order = (0..n).map(|k| rotated[(position + k) % n]).chain(last.iter().copied());
         for mode in order {
             let mode = mode.clone();
-            if done.contains(&(index, mode.clone())) {
+            if done.contains(&((index, seed), mode.clone())) {
                 continue;
             }
             bar.set_message(format!("problem {index} {}", mode.name()));
+            // `seed` numbers the sample: each engine's sampler draws afresh for it.
             let prompt = Prompt::Chat(benchmark.prompt(index));
             let (generation, counters) = runtime
                 .block_on(async {
@@ -602,8 +617,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         }
                     }
                 })
-                .with_context(|| format!("problem {index}, mode {}", mode.name()))?;
-            record(new_run(index, &mode, generation, counters, 1), &mut runs)?;
+                .with_context(|| format!("problem {index} seed {seed}, mode {}", mode.name()))?;
+            record(new_run((index, seed), &mode, generation, counters, 1), &mut runs)?;
         }
     }
     bar.finish_and_clear();
@@ -633,6 +648,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "dataset": options.task.as_str(),
         "split": if options.task == TaskName::Gsm8k { options.split.as_str() } else { "test" },
         "problems": selected.len(),
+        "seeds": options.seeds,
         "problem_ids": selected,
         "gamma": config.speculative.gamma,
         "target": config.models.target,
@@ -641,7 +657,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "quant_kernel": verdict::kernels::QuantKernel::selected(),
         // Each engine's prefix cache bound (null: none, every prompt computed in full).
         "prefix_cache_mb": prefix_cache_bytes.map(|b| b >> 20),
-        "sampling": {"temperature": config.sampling.temperature, "max_tokens": config.sampling.max_tokens},
+        "sampling": {"temperature": config.sampling.temperature, "top_p": config.sampling.top_p, "max_tokens": config.sampling.max_tokens},
         "summary": summaries,
         "learned_verify_ms": learned.iter().map(|(mode, l)| (mode, l.points())).collect::<BTreeMap<_, _>>(),
         "combined_proposers": combined_choices,
@@ -658,8 +674,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
 
 /// Problems grouped by prompt token count, at most `batch` a group, shortest prompts first:
 /// on the CPU mistral.rs batches only sequences of equal length.
-pub fn equal_length_batches(lengths: &[(usize, usize)], batch: usize) -> Vec<Vec<usize>> {
-    let mut by_length: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+pub fn equal_length_batches<K: Copy>(lengths: &[(K, usize)], batch: usize) -> Vec<Vec<K>> {
+    let mut by_length: BTreeMap<usize, Vec<K>> = BTreeMap::new();
     for &(index, length) in lengths {
         by_length.entry(length).or_default().push(index);
     }
@@ -668,7 +684,7 @@ pub fn equal_length_batches(lengths: &[(usize, usize)], batch: usize) -> Vec<Vec
         .flat_map(|indices| {
             indices
                 .chunks(batch.max(1))
-                .map(<[usize]>::to_vec)
+                .map(<[K]>::to_vec)
                 .collect::<Vec<_>>()
         })
         .collect()
@@ -702,14 +718,14 @@ async fn explain_divergences(
     for index_of_problem in 0..benchmark.len() {
         let Some(plain_run) = runs
             .iter()
-            .find(|r| r.problem == index_of_problem && r.mode.is_plain())
+            .find(|r| r.problem == index_of_problem && r.seed == 0 && r.mode.is_plain())
         else {
             continue;
         };
         let differing: Vec<&Run> = runs
             .iter()
             .filter(|r| {
-                r.problem == index_of_problem && r.mode.is_lossless() && r.text != plain_run.text
+                r.problem == index_of_problem && r.seed == 0 && r.mode.is_lossless() && r.text != plain_run.text
             })
             .collect();
         let Some(first) = differing.first() else {
@@ -782,12 +798,12 @@ pub fn pair(answers: &dyn Answers, baseline: &Run, run: &Run) -> Pair {
 }
 
 pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<ModeSummary> {
-    let plain_runs: BTreeMap<usize, &Run> = runs
+    let plain_runs: BTreeMap<(usize, usize), &Run> = runs
         .iter()
         .filter(|r| r.mode.is_plain())
-        .map(|r| (r.problem, r))
+        .map(|r| ((r.problem, r.seed), r))
         .collect();
-    let plain_text: BTreeMap<usize, &str> =
+    let plain_text: BTreeMap<(usize, usize), &str> =
         plain_runs.iter().map(|(&i, r)| (i, r.text.as_str())).collect();
     let tokens_per_second = |mode: &Mode| {
         let (tokens, seconds) = runs
@@ -812,7 +828,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<Mod
             let seconds: f64 = mine.iter().map(|r| r.seconds).sum();
             let pairs: Vec<Pair> = mine
                 .iter()
-                .filter_map(|r| plain_runs.get(&r.problem).map(|p| pair(answers, p, r)))
+                .filter_map(|r| plain_runs.get(&(r.problem, r.seed)).map(|p| pair(answers, p, r)))
                 .collect();
             ModeSummary {
                 mode: mode.name(),
@@ -836,7 +852,7 @@ pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<Mod
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
                 identical_to_plain: (!plain_text.is_empty() && !mode.is_plain()).then(|| {
                     mine.iter()
-                        .filter(|r| plain_text.get(&r.problem) == Some(&r.text.as_str()))
+                        .filter(|r| plain_text.get(&(r.problem, r.seed)) == Some(&r.text.as_str()))
                         .count()
                 }),
                 accept_share_of_verify: counters

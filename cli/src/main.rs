@@ -72,6 +72,10 @@ enum Command {
         /// Nucleus sampling instead of the config's sampling.top_p.
         #[arg(long)]
         top_p: Option<f64>,
+        /// Samples per problem and mode when sampling: accuracy is their mean, each paired
+        /// with plain decoding's sample of the same number.
+        #[arg(long, default_value_t = 1)]
+        seeds: usize,
         #[arg(long, default_value = "test")]
         split: String,
         /// Problems to run at most (after --offset); default: to the end of the selection.
@@ -245,6 +249,7 @@ fn main() -> Result<()> {
             sandbox_python,
             temperature,
             top_p,
+            seeds,
             split,
             limit,
             offset,
@@ -289,6 +294,7 @@ fn main() -> Result<()> {
                     explain_divergences: !no_divergences,
                     batch,
                     prefix_cache: !no_prefix_cache,
+                    seeds,
                 },
             )?;
             println!("{}", bench::table(&report.summaries));

@@ -20,8 +20,8 @@ use crate::{
 };
 use verdict_eval::benchmark::TaskName;
 
-/// Every mode's runs by problem.
-pub type RunsByMode = BTreeMap<Mode, BTreeMap<usize, Run>>;
+/// Every mode's runs by (problem, seed).
+pub type RunsByMode = BTreeMap<Mode, BTreeMap<(usize, usize), Run>>;
 
 /// The part of a bench report pooled here.
 #[derive(Deserialize)]
@@ -53,7 +53,7 @@ pub fn load(reports: &[PathBuf]) -> Result<(TaskName, RunsByMode)> {
             _ => task = Some((this, path)),
         }
         for run in report.runs {
-            by_mode.entry(run.mode.clone()).or_default().entry(run.problem).or_insert(run);
+            by_mode.entry(run.mode.clone()).or_default().entry((run.problem, run.seed)).or_insert(run);
         }
     }
     Ok((task.map_or(TaskName::Gsm8k, |(t, _)| t), by_mode))
@@ -82,7 +82,7 @@ pub fn pool(task: TaskName, by_mode: &RunsByMode, baseline: &Mode) -> Vec<Pooled
         .map(|mode| {
             let mine = &by_mode[mode];
             let against_baseline = base.filter(|_| mode != baseline).map(|base| {
-                let common: Vec<usize> = mine.keys().filter(|p| base.contains_key(p)).copied().collect();
+                let common: Vec<(usize, usize)> = mine.keys().filter(|p| base.contains_key(p)).copied().collect();
                 let identical = common.iter().filter(|p| mine[p].text == base[p].text).count();
                 let pairs: Vec<Pair> = common.iter().map(|p| pair(&*answers, &base[p], &mine[p])).collect();
                 (identical, paired_stats(&pairs))
@@ -104,8 +104,8 @@ pub fn tau_ratio(by_mode: &RunsByMode, a: &Mode, b: &Mode) -> Result<(usize, f64
         let known: Vec<&str> = by_mode.keys().map(|m| m.0.as_str()).collect();
         bail!("--ratio {}/{}: the modes in these reports are {}", a.0, b.0, known.join(", "));
     };
-    let common: Vec<usize> = runs_a.keys().filter(|p| runs_b.contains_key(p)).copied().collect();
-    let tau = |runs: &BTreeMap<usize, Run>| {
+    let common: Vec<(usize, usize)> = runs_a.keys().filter(|p| runs_b.contains_key(p)).copied().collect();
+    let tau = |runs: &BTreeMap<(usize, usize), Run>| {
         Counters::total(common.iter().filter_map(|p| runs[p].counters.as_ref())).map_or(f64::NAN, |c| c.mean_acceptance_length())
     };
     Ok((common.len(), tau(runs_a), tau(runs_b)))

@@ -126,6 +126,7 @@ fn gsm8k_examples(config: &Config, plan: &EaglePlan) -> Result<Vec<Example>> {
             batch: plan.generate_batch,
             // The responses were generated without one; a hit would change nothing.
             prefix_cache: false,
+            seeds: 1,
         },
     )?;
     let mut runs = bench::load_checkpoint(&bench::checkpoint_path(&responses))?;
