@@ -129,6 +129,11 @@ struct TestServer {
 impl TestServer {
     /// `max_seqs`: sequences the scheduler runs at once.
     fn start(dir: &Path, max_seqs: usize) -> Self {
+        Self::start_with(dir, max_seqs, |_| {})
+    }
+
+    /// [`Self::start`] with `[server]`'s admission changed by `configure`.
+    fn start_with(dir: &Path, max_seqs: usize, configure: impl FnOnce(&mut server::ServeOptions)) -> Self {
         tiny_pair(dir, &spec(TinyArch::Qwen2, 31), 0.2);
         let config = config(dir, 3, "exact", 16);
         let models = LoadedModels::load(&config).unwrap();
@@ -145,10 +150,13 @@ impl TestServer {
             )
             .await
             .unwrap();
-            let router = server::router(&engine, metrics.clone()).await.unwrap();
+            let mut options = server::ServeOptions::from_config(&config, true);
+            options.api_key = None;
+            configure(&mut options);
+            let router = server::router(&engine, metrics.clone(), &options).await.unwrap();
             let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
             let addr = listener.local_addr().unwrap();
-            tokio::spawn(server::serve(router, listener, std::future::pending()));
+            tokio::spawn(async move { server::serve(router, listener, std::future::pending(), &options).await });
             (addr, engine)
         });
         Self {
@@ -266,4 +274,166 @@ fn check_openai_conventions(client: &reqwest::blocking::Client, addr: SocketAddr
     let (status, text) = post(client, addr, &body);
     assert_eq!(status, 404, "{text}");
     assert!(text.contains("gpt-4o") && text.contains("verdict"), "{text}");
+}
+
+fn send(client: &reqwest::blocking::Client, request: reqwest::blocking::RequestBuilder) -> (u16, String, reqwest::header::HeaderMap) {
+    let _ = client;
+    let response = request.send().unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, response.text().unwrap_or_default(), headers)
+}
+
+fn refused_param(status: u16, text: &str) -> String {
+    assert_eq!(status, 400, "{text}");
+    let error: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    error["error"]["param"].as_str().unwrap_or_default().to_string()
+}
+
+/// Only Verdict's routes are served; requests the engine could not serve are refused with
+/// a 400 naming the field before they reach it (and the server answers the next request);
+/// nothing a request names is read; no cross-origin, non-JSON or foreign-host request is
+/// answered; omitted fields take the config's sampling.
+#[test]
+fn the_server_serves_its_routes_only_and_refuses_what_it_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path(), 2);
+    let addr = server.addr;
+    let client = reqwest::blocking::Client::new();
+    let url = |path: &str| format!("http://{addr}{path}");
+
+    for (method, path) in [("POST", "/v1/models/unload"), ("POST", "/v1/models/reload"), ("POST", "/re_isq"), ("POST", "/v1/models/tune"), ("GET", "/v1/system/info"), ("POST", "/v1/system/doctor"), ("POST", "/v1/responses"), ("POST", "/v1/embeddings")] {
+        let request = match method {
+            "GET" => client.get(url(path)),
+            _ => client.post(url(path)).header("content-type", "application/json").body("{}"),
+        };
+        let (status, text, _) = send(&client, request);
+        assert_eq!(status, 404, "{method} {path}: {text}");
+    }
+    let (status, text, _) = send(&client, client.get(url("/v1/models")));
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"verdict\""), "{text}");
+    let (status, text, _) = send(&client, client.get(url("/health")));
+    assert_eq!((status, text.as_str()), (200, "OK"));
+
+    let prompt = words(&[4, 5, 6]);
+    let with = |field: &str, value: Value| {
+        let mut body = chat_body(&prompt, false);
+        body[field] = value;
+        body
+    };
+    let messages = |value: Value| {
+        let mut body = chat_body(&prompt, false);
+        body["messages"] = value;
+        body
+    };
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "the secret").unwrap();
+    for (body, param) in [
+        (messages(json!([])), "messages"),
+        (messages(json!([{"role": "user", "content": null}])), "messages[0].content"),
+        (messages(json!([{"role": "wizard", "content": "hi"}])), "messages[0].role"),
+        (messages(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": format!("file://{}", secret.display())}}]}])), "messages[0].content[0].type"),
+        (messages(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}])), "messages[0].content[0].type"),
+        (with("web_search_options", json!({})), "web_search_options"),
+        (with("min_p", json!(1.5)), "min_p"),
+        (with("max_tokens", json!(1_000_000_000u64)), "max_tokens"),
+        (with("stop", json!((0..64).map(|i| format!("s{i}")).collect::<Vec<_>>())), "stop"),
+        (with("stop", json!("")), "stop"),
+        (with("top_logprobs", json!(25)), "top_logprobs"),
+        (with("logprobs", json!(true)), "logprobs"),
+        (with("response_format", json!({"type": "json_object"})), "response_format"),
+        (with("n", json!(3)), "n"),
+    ] {
+        let (status, text) = post(&client, addr, &body);
+        assert_eq!(refused_param(status, &text), param, "{body}: {text}");
+        assert!(!text.contains("the secret"), "{text}");
+    }
+    // The refusals left the engine serving.
+    let (status, text) = post(&client, addr, &chat_body(&prompt, false));
+    assert_eq!(status, 200, "{text}");
+
+    // Omitted sampling fields: the config's (greedy, 16 tokens).
+    let (status, text) = post(&client, addr, &json!({"messages": [{"role": "user", "content": prompt}]}));
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert!(answer["usage"]["completion_tokens"].as_u64().unwrap() <= 16, "{text}");
+
+    // A body over the limit (1 MiB), JSON sent as another type, a foreign Host, a
+    // cross-origin preflight.
+    let huge = json!({"messages": [{"role": "user", "content": "w".repeat(2 << 20)}]});
+    let (status, text) = post(&reqwest::blocking::Client::new(), addr, &huge);
+    assert_eq!(status, 413, "{}", &text[..text.len().min(300)]);
+    // The refused body was never read, so that connection is closed: a new client.
+    let client = reqwest::blocking::Client::new();
+    let (status, text, _) = send(&client, client.post(url("/v1/chat/completions")).header("content-type", "text/plain").body(chat_body(&prompt, false).to_string()));
+    assert_eq!(status, 415, "{text}");
+    let (status, text, _) = send(&client, client.get(url("/v1/models")).header("host", "evil.example"));
+    assert_eq!(status, 421, "{text}");
+    let (_, _, headers) = send(
+        &client,
+        client
+            .request(reqwest::Method::OPTIONS, url("/v1/chat/completions"))
+            .header("origin", "http://evil.example")
+            .header("access-control-request-method", "POST"),
+    );
+    assert!(headers.get("access-control-allow-origin").is_none(), "{headers:?}");
+}
+
+/// With an API key every route but /health needs it; listed origins get CORS headers.
+#[test]
+fn an_api_key_guards_every_route_but_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(dir.path(), 1, |options| {
+        options.api_key = Some("sesame".into());
+        options.cors_origins = vec!["http://app.example".into()];
+    });
+    let client = reqwest::blocking::Client::new();
+    let url = |path: &str| format!("http://{}{path}", server.addr);
+    let body = chat_body(&words(&[4, 5]), false).to_string();
+    let chat = || client.post(url("/v1/chat/completions")).header("content-type", "application/json").body(body.clone());
+    assert_eq!(send(&client, chat()).0, 401);
+    assert_eq!(send(&client, chat().header("authorization", "Bearer sesamf")).0, 401);
+    assert_eq!(send(&client, client.get(url("/v1/models"))).0, 401);
+    assert_eq!(send(&client, client.get(url("/metrics"))).0, 401);
+    assert_eq!(send(&client, client.get(url("/health"))).0, 200);
+    let (status, text, headers) = send(&client, chat().header("authorization", "Bearer sesame").header("origin", "http://app.example"));
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(headers.get("access-control-allow-origin").map(|v| v.to_str().unwrap()), Some("http://app.example"));
+}
+
+/// A client sending its headers a byte at a time is cut off, and connections beyond the
+/// cap wait rather than run.
+#[test]
+fn slow_clients_are_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(dir.path(), 1, |options| {
+        options.request_read = std::time::Duration::from_secs(1);
+        options.idle = std::time::Duration::from_secs(2);
+    });
+    let mut slow = std::net::TcpStream::connect(server.addr).unwrap();
+    // 2.5 s of headers, a byte every 100 ms: longer than the 1 s allowed.
+    for byte in b"GET /health HTTP/1.1\r\nhost: localhost\r\n".iter().take(25) {
+        let _ = slow.write_all(&[*byte]);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let mut buffer = [0u8; 256];
+    let read = slow.read(&mut buffer);
+    let waited = started.elapsed();
+    let cut_off = match &read {
+        // Closed, or answered with an error for the unfinished request.
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    };
+    assert!(cut_off && waited < std::time::Duration::from_secs(5), "the slow client was still connected after {waited:?}: {read:?}");
+    // An idle connection is closed too.
+    let mut idle = std::net::TcpStream::connect(server.addr).unwrap();
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let mut buffer = [0u8; 16];
+    let read = idle.read(&mut buffer);
+    assert!(matches!(read, Ok(0)) || read.is_err(), "{read:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(8), "idle for {:?}", started.elapsed());
 }

@@ -440,9 +440,10 @@ fn serve(config: &Config, port: Option<u16>) -> Result<()> {
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
         let (engine, proposer) = build_engine(config, &models, metrics.clone()).await?;
-        let router = server::router(&engine, metrics).await?;
+        let options = server::ServeOptions::from_config(config, engine.rule.is_some());
+        let router = server::router(&engine, metrics, &options).await?;
         let addr = SocketAddr::new(config.server.host, port.unwrap_or(config.server.port));
-        server::serve(router, server::bind(addr).await?, server::stop_signal()).await?;
+        server::serve(router, server::bind(addr).await?, server::stop_signal(), &options).await?;
         if let Some(proposer) = proposer {
             proposer.keep_learned_latency();
         }

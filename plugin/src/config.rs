@@ -421,6 +421,25 @@ pub struct ServerConfig {
     /// Off: only sequences of one length decode together (mistral.rs upstream), so
     /// concurrent requests take turns; turn it off for a model with sliding-window KV caches.
     pub ragged_batches: bool,
+    /// Every route but `/health` requires `Authorization: Bearer <key>` (also from
+    /// `$VERDICT_API_KEY`, which wins). Unset: no key.
+    pub api_key: Option<String>,
+    /// Origins browsers may call the server from (CORS); empty: none.
+    pub cors_origins: Vec<String>,
+    /// The largest request body, in bytes.
+    pub max_request_bytes: usize,
+    /// The most tokens a request may ask for (`max_tokens`).
+    pub max_tokens_limit: usize,
+    /// The most stop sequences a request may give.
+    pub max_stop_sequences: usize,
+    /// Seconds a client has to send its request headers, and its body.
+    pub request_read_seconds: u64,
+    /// Seconds a kept-alive connection may sit idle between requests.
+    pub idle_seconds: u64,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// On SIGTERM or Ctrl-C, seconds requests in flight have to finish.
+    pub shutdown_grace_seconds: u64,
 }
 
 impl Default for ServerConfig {
@@ -431,6 +450,15 @@ impl Default for ServerConfig {
             max_seqs: 4,
             prefix_cache_mb: 1024,
             ragged_batches: true,
+            api_key: None,
+            cors_origins: Vec::new(),
+            max_request_bytes: 1 << 20,
+            max_tokens_limit: 4096,
+            max_stop_sequences: 4,
+            request_read_seconds: 10,
+            idle_seconds: 60,
+            max_connections: 64,
+            shutdown_grace_seconds: 30,
         }
     }
 }
@@ -649,6 +677,21 @@ impl Config {
         }
         if t.max_tokens == 0 {
             bail!("sampling.max_tokens must be at least 1, got 0");
+        }
+        let server = &self.server;
+        for (key, value) in [
+            ("max_request_bytes", server.max_request_bytes),
+            ("max_tokens_limit", server.max_tokens_limit),
+            ("request_read_seconds", server.request_read_seconds as usize),
+            ("idle_seconds", server.idle_seconds as usize),
+            ("max_connections", server.max_connections),
+        ] {
+            if value == 0 {
+                bail!("server.{key} must be at least 1, got 0");
+            }
+        }
+        if server.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            bail!("server.api_key is empty: give a key, or remove the line to serve without one");
         }
         if self.server.max_seqs == 0 {
             bail!("server.max_seqs must be at least 1, got 0");
