@@ -139,6 +139,7 @@ mod tests {
     fn run(problem: usize, mode: &str, correct: bool, text: &str, steps_accepted: Option<(u64, u64)>) -> Run {
         Run {
             problem,
+            seed: 0,
             mode: Mode(mode.into()),
             correct,
             answer: Some(if correct { "1" } else { "2" }.into()),
@@ -199,8 +200,8 @@ mod tests {
     #[test]
     fn a_tau_ratio_takes_the_problems_both_modes_have() {
         let by_mode = RunsByMode::from([
-            (Mode("a".into()), BTreeMap::from([(0, run(0, "a", true, "", Some((10, 10)))), (1, run(1, "a", true, "", Some((10, 0))))])),
-            (Mode("b".into()), BTreeMap::from([(0, run(0, "b", true, "", Some((10, 5))))])),
+            (Mode("a".into()), BTreeMap::from([((0, 0), run(0, "a", true, "", Some((10, 10)))), ((1, 0), run(1, "a", true, "", Some((10, 0))))])),
+            (Mode("b".into()), BTreeMap::from([((0, 0), run(0, "b", true, "", Some((10, 5))))])),
         ]);
         let (problems, a, b) = tau_ratio(&by_mode, &Mode("a".into()), &Mode("b".into())).unwrap();
         assert_eq!((problems, a, b), (1, 2.0, 1.5));
