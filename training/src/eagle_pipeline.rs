@@ -71,6 +71,9 @@ struct EagleReport<'a> {
     trained_positions: usize,
     training_seconds: f64,
     draft_vocab_coverage_validation: f64,
+    /// Held-out coverage had the draft vocabulary other sizes (the size is a trade: a
+    /// drafted token costs its LM head's rows, a token outside it can never be drafted).
+    draft_vocab_coverage_by_size: BTreeMap<usize, f64>,
     validation_accuracy_per_step: Vec<Vec<f64>>,
     /// 1 + Σ_k Π_{j ≤ k} acc_j from the last validation: an estimate, the accuracies are
     /// measured with earlier tokens teacher-forced.
@@ -258,8 +261,16 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
     let vocab_size = models.target_fingerprint.vocab_size;
     let tokenizer = models.target.blocking_lock().tokenizer().context("the target has no tokenizer")?;
     let forced: Vec<u32> = ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tokenizer.token_to_id(t)).collect();
-    let used = draft_vocabulary(&response_tokens(&train)?, plan.draft_vocab, &forced, vocab_size)?;
-    let held_out_coverage = coverage(&response_tokens(&validation)?, &used);
+    let train_tokens = response_tokens(&train)?;
+    let used = draft_vocabulary(&train_tokens, plan.draft_vocab, &forced, vocab_size)?;
+    let held_out_tokens = response_tokens(&validation)?;
+    let held_out_coverage = coverage(&held_out_tokens, &used);
+    let mut coverage_by_size = BTreeMap::new();
+    for size in [1024, 2048, 4096, 8192, 16384, 32768] {
+        let vocabulary = draft_vocabulary(&train_tokens, size, &forced, vocab_size)?;
+        coverage_by_size.insert(size, coverage(&held_out_tokens, &vocabulary));
+    }
+    tracing::info!("held-out coverage by draft vocabulary size: {coverage_by_size:?}");
     tracing::info!("draft vocabulary of {} covers {:.2}% of held-out response tokens", used.len(), 100.0 * held_out_coverage);
 
     let head_config = head_config(plan, &models)?;
@@ -300,6 +311,7 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
         trained_positions: trainer.progress.tokens,
         training_seconds: trainer.progress.seconds,
         draft_vocab_coverage_validation: held_out_coverage,
+        draft_vocab_coverage_by_size: coverage_by_size,
         estimated_tau: estimated_tau(&last),
         validation_accuracy_per_step: trainer.progress.validation.clone(),
         held_out_replay_tau: replay.tau(),

@@ -51,20 +51,7 @@ pub fn last_boxed(text: &str) -> Option<String> {
         let token: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != '$').collect();
         return (!token.is_empty()).then_some(token);
     }
-    let mut depth = 0usize;
-    for (i, c) in rest.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(rest[1..i].to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    matching_brace(rest).map(|close| rest[1..close].to_string())
 }
 
 /// A canonical spelling of an answer: two answers are equivalent when these are equal.
