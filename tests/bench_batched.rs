@@ -102,3 +102,47 @@ fn speculative_modes_batch_with_plain_decoding_and_answer_as_one_at_a_time() {
         assert_eq!(text, &alone[&(*problem, "plain".to_string())].0, "problem {problem}, {mode}");
     }
 }
+
+/// `--seeds 2` at temperature 1: each problem is sampled twice per mode (runs numbered by
+/// seed, resumed by (problem, seed)), and each speculative sample is paired with plain
+/// decoding's sample of the same number.
+#[test]
+fn seeds_sample_each_problem_again_and_pair_by_seed() {
+    let dir = setup();
+    let mut config = config(dir.path(), 3, "rejection", 6);
+    config.sampling.temperature = 1.0;
+    let out = dir.path().join("seeds.json");
+    let options = BenchOptions {
+        task: verdict_cli::bench::TaskName::Gsm8k,
+        sandbox_python: "/usr/bin/python3".into(),
+        data_dir: dir.path().join("gsm8k"),
+        split: "test".into(),
+        subset: Subset { ids: None, offset: 0, limit: Some(2) },
+        modes: vec![Mode::plain(), "rejection".parse().unwrap()],
+        out: out.clone(),
+        explain_divergences: false,
+        batch: 1,
+        prefix_cache: false,
+        seeds: 2,
+    };
+    let report = bench::run(&config, &options).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let mut units: Vec<(u64, u64, String)> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["problem"].as_u64().unwrap(), r["seed"].as_u64().unwrap(), r["mode"].as_str().unwrap().to_string()))
+        .collect();
+    units.sort();
+    let expected: Vec<(u64, u64, String)> = (0..2)
+        .flat_map(|p| (0..2).flat_map(move |s| ["plain", "rejection"].map(|m| (p, s, m.to_string()))))
+        .collect();
+    assert_eq!(units, expected);
+    let speculative = report.summaries.iter().find(|s| s.mode == "rejection").unwrap();
+    assert_eq!(speculative.problems, 4, "2 problems × 2 seeds");
+    assert_eq!(speculative.paired.as_ref().unwrap().problems, 4, "each sample paired with plain decoding's of the same seed");
+    // A rerun finds every (problem, seed, mode) done and decodes nothing.
+    let before = std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap();
+    bench::run(&config, &options).unwrap();
+    assert_eq!(std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap(), before);
+}
