@@ -238,15 +238,7 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
         return Ok(plan.out.clone());
     }
     let indices: Vec<usize> = examples.iter().map(|e| e.index).collect();
-    let responses_per_source = {
-        let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-        for e in &examples {
-            let entry = out.entry(e.source.clone()).or_default();
-            entry.0 += 1;
-            entry.1 += e.completion_tokens;
-        }
-        out
-    };
+    let responses_per_source = responses::per_source(examples.iter().map(|e| (e.source.as_str(), e.completion_tokens)));
     let (train, validation) = split_held_out(&indices, &features, plan.hold_out_every);
     ensure!(!train.is_empty() && !validation.is_empty(), "{} training and {} validation problems: generate more", train.len(), validation.len());
     let response_tokens = |paths: &[PathBuf]| -> Result<Vec<Vec<u32>>> {

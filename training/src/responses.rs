@@ -149,13 +149,13 @@ pub fn generate_responses(models: &LoadedModels, records: &[PromptRecord], plan:
     Ok(responses)
 }
 
-/// Responses by source: (count, completion tokens).
-pub fn per_source(responses: &[Response]) -> BTreeMap<String, (usize, usize)> {
+/// Responses by source: (count, completion tokens), from (source, completion tokens) pairs.
+pub fn per_source<'a>(responses: impl IntoIterator<Item = (&'a str, usize)>) -> BTreeMap<String, (usize, usize)> {
     let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for r in responses {
-        let entry = out.entry(r.source.clone()).or_default();
+    for (source, tokens) in responses {
+        let entry = out.entry(source.to_string()).or_default();
         entry.0 += 1;
-        entry.1 += r.completion_tokens;
+        entry.1 += tokens;
     }
     out
 }
@@ -185,6 +185,6 @@ mod tests {
         fs::write(&path, format!("{}\n{}\n{}\n{cut}", response(1, "b"), response(0, "a"), response(1, "again"))).unwrap();
         let loaded = load(&path).unwrap();
         assert_eq!(loaded.iter().map(|r| (r.index, r.text.as_str())).collect::<Vec<_>>(), [(0, "a"), (1, "b")]);
-        assert_eq!(per_source(&loaded)["qa"], (2, 6));
+        assert_eq!(per_source(loaded.iter().map(|r| (r.source.as_str(), r.completion_tokens)))["qa"], (2, 6));
     }
 }
