@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use common::{config, spec, tiny_pair};
 use verdict::tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID};
-use verdict_cli::{
+use verdict_eval::{
     bench::{self, BenchOptions, Mode},
     subset::Subset,
 };
@@ -25,7 +25,7 @@ fn run(dir: &std::path::Path, batch: usize, ragged: bool, modes: &[&str], out: &
     bench::run(
         &config,
         &BenchOptions {
-            task: verdict_cli::bench::TaskName::Gsm8k,
+            task: verdict_eval::bench::TaskName::Gsm8k,
             sandbox_python: "/usr/bin/python3".into(),
             data_dir: dir.join("gsm8k"),
             split: "test".into(),
@@ -113,7 +113,7 @@ fn seeds_sample_each_problem_again_and_pair_by_seed() {
     config.sampling.temperature = 1.0;
     let out = dir.path().join("seeds.json");
     let options = BenchOptions {
-        task: verdict_cli::bench::TaskName::Gsm8k,
+        task: verdict_eval::bench::TaskName::Gsm8k,
         sandbox_python: "/usr/bin/python3".into(),
         data_dir: dir.path().join("gsm8k"),
         split: "test".into(),

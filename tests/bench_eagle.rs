@@ -9,7 +9,7 @@ use common::{config, spec, tiny_pair};
 use verdict::{
     tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID},
 };
-use verdict_cli::{
+use verdict_eval::{
     bench::{self, BenchOptions, Mode},
     subset::Subset,
 };
@@ -33,7 +33,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
     let modes: Vec<Mode> = ["plain", "plain-again", "eagle:exact", "eagle-q8_0:exact"].iter().map(|m| m.parse().unwrap()).collect();
     let out = dir.path().join("report.json");
     let options = BenchOptions {
-        task: verdict_cli::bench::TaskName::Gsm8k,
+        task: verdict_eval::bench::TaskName::Gsm8k,
         sandbox_python: "/usr/bin/python3".into(),
         data_dir: dir.path().join("gsm8k"),
         split: "test".into(),

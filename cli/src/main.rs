@@ -60,8 +60,13 @@ enum Command {
         /// The task: gsm8k (test split, or --split of --data-dir), humaneval (164), mbpp (its
         /// 200 evaluation tasks, ids 11-210) or math500. Code tasks run each answer's tests in a
         /// sandbox (needs root and util-linux).
-        #[arg(long, alias = "dataset", default_value = "gsm8k")]
+        #[arg(long, alias = "dataset", default_value = "gsm8k", conflicts_with = "suite")]
         task: verdict_eval::benchmark::TaskName,
+        /// Run N problems (after --offset) of every task, GSM8K test, HumanEval, MBPP and
+        /// MATH-500, one after another: a report per task (`<out stem>-<task>.json`), a table
+        /// per task, and a line per mode pooled over the tasks.
+        #[arg(long, value_name = "N", conflicts_with_all = ["limit", "ids"])]
+        suite: Option<usize>,
         /// The interpreter HumanEval's and MBPP's tests run with, one every user may run
         /// (default $VERDICT_SANDBOX_PYTHON, else /usr/bin/python3).
         #[arg(long)]
@@ -246,6 +251,7 @@ fn main() -> Result<()> {
         Command::Bench {
             config,
             task,
+            suite,
             sandbox_python,
             temperature,
             top_p,
@@ -281,36 +287,44 @@ fn main() -> Result<()> {
                 config.validate().with_context(|| format!("--top-p {p}"))?;
             }
             let cache = models::cache_dir(config.models.cache_dir.as_deref());
-            let report = bench::run(
-                &config,
-                &BenchOptions {
+            let options = BenchOptions {
+                task,
+                data_dir: datasets::gsm8k_dir(data_dir, &cache),
+                split,
+                sandbox_python: sandbox_python.unwrap_or_else(verdict_eval::sandbox::Sandbox::default_python),
+                subset: Subset { ids, offset, limit },
+                modes,
+                out: out.clone(),
+                explain_divergences: !no_divergences,
+                batch,
+                prefix_cache: !no_prefix_cache,
+                seeds,
+            };
+            let Some(per_task) = suite else {
+                print_bench_report(&bench::run(&config, &options)?);
+                eprintln!("report written to {}", out.display());
+                return Ok(());
+            };
+            let mut runs = Vec::new();
+            for task in verdict_eval::benchmark::TaskName::ALL {
+                let out = verdict_eval::suite::task_report_path(&out, task);
+                let options = BenchOptions {
                     task,
-                    data_dir: datasets::gsm8k_dir(data_dir, &cache),
-                    split,
-                    sandbox_python: sandbox_python.unwrap_or_else(verdict_eval::sandbox::Sandbox::default_python),
-                    subset: Subset { ids, offset, limit },
-                    modes,
+                    subset: Subset { ids: None, offset, limit: Some(per_task) },
                     out: out.clone(),
-                    explain_divergences: !no_divergences,
-                    batch,
-                    prefix_cache: !no_prefix_cache,
-                    seeds,
-                },
-            )?;
-            println!("{}", bench::table(&report.summaries));
-            if report.summaries.iter().any(|s| s.step_time.is_some()) {
-                println!(
-                    "Where a speculative step's time goes (ms per step):\n{}",
-                    bench::step_time_table(&report.summaries)
-                );
+                    modes: options.modes.clone(),
+                    split: if task == verdict_eval::benchmark::TaskName::Gsm8k { options.split.clone() } else { "test".into() },
+                    data_dir: options.data_dir.clone(),
+                    sandbox_python: options.sandbox_python.clone(),
+                    ..options
+                };
+                let report = bench::run(&config, &options)?;
+                println!("## {task}\n");
+                print_bench_report(&report);
+                eprintln!("{task}: report written to {}", out.display());
+                runs.push((task, report.runs));
             }
-            if !report.divergences.is_empty() {
-                println!(
-                    "Outputs that differ from plain decoding:\n{}",
-                    bench::divergence_lines(&report.divergences)
-                );
-            }
-            eprintln!("report written to {}", out.display());
+            println!("## All tasks\n\n{}", verdict_eval::suite::pooled_table(&verdict_eval::suite::pool_over_tasks(&runs, &options.modes)));
             Ok(())
         }
         Command::FetchModels {
@@ -489,6 +503,17 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// A bench run's tables: accuracy and speed per mode, step time, divergences.
+fn print_bench_report(report: &bench::BenchReport) {
+    println!("{}", bench::table(&report.summaries));
+    if report.summaries.iter().any(|s| s.step_time.is_some()) {
+        println!("Where a speculative step's time goes (ms per step):\n{}", bench::step_time_table(&report.summaries));
+    }
+    if !report.divergences.is_empty() {
+        println!("Outputs that differ from plain decoding:\n{}", bench::divergence_lines(&report.divergences));
+    }
 }
 
 fn fetch_models(

@@ -4,6 +4,7 @@
 //! threshold must not silently run the default).
 
 use std::{
+    collections::BTreeMap,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -134,6 +135,9 @@ pub struct SpeculativeConfig {
     /// An EAGLE-3 head folder (`config.json` + `model.safetensors`), relative to the config
     /// file. Needed by `proposer = "eagle"` and by the bench's `eagle:` modes.
     pub eagle_head: Option<PathBuf>,
+    /// Other heads for the same target, by name (`eagle_heads = { general = "…" }`), that
+    /// bench modes pick with `eagle@<name>:<stack>` to compare heads in one run.
+    pub eagle_heads: BTreeMap<String, PathBuf>,
     /// How the head keeps its matrices while drafting: "f32" (as trained), "q8_0" or "q4k".
     pub eagle_weights: WeightFormat,
     /// The head stops drafting before a draft it gives less than this probability (the first
@@ -210,6 +214,7 @@ impl Default for SpeculativeConfig {
             seed: 0,
             proposer: ProposerKind::DraftModel,
             eagle_head: None,
+            eagle_heads: BTreeMap::new(),
             eagle_weights: WeightFormat::F32,
             eagle_min_confidence: 0.0,
             eagle_min_first_confidence: 0.0,
@@ -573,12 +578,13 @@ impl Config {
             .chain(self.stacks.iter().map(|s| s.name.clone()))
             .collect();
         let speculative: Vec<&String> = stacks.iter().filter(|s| s.as_str() != "plain" && s.as_str() != PLAIN_AGAIN_MODE).collect();
-        let eagle: Vec<String> = match self.speculative.eagle_head {
-            Some(_) => speculative
+        let has_head = self.speculative.eagle_head.is_some() || !self.speculative.eagle_heads.is_empty();
+        let eagle: Vec<String> = match has_head {
+            true => speculative
                 .iter()
                 .flat_map(|s| [format!("{EAGLE_MODE_PREFIX}{s}"), format!("{COMBINED_MODE_PREFIX}{EAGLE_MODE_PREFIX}{s}")])
                 .collect(),
-            None => Vec::new(),
+            false => Vec::new(),
         };
         let ngram: Vec<String> = speculative.iter().map(|s| format!("{NGRAM_MODE_PREFIX}{s}")).collect();
         stacks.iter().cloned().chain(eagle).chain(ngram).collect()
@@ -614,6 +620,24 @@ impl Config {
         self.speculative.eagle_head.as_ref().map(|p| self.base_dir.join(p))
     }
 
+    /// The folder of the head `eagle_heads` names `name` (resolved as `eagle_head` is), or
+    /// `eagle_head` itself for `None`.
+    pub fn eagle_head_named(&self, name: Option<&str>) -> Result<PathBuf> {
+        match name {
+            None => self.eagle_head().context("drafting with an EAGLE head needs speculative.eagle_head in the config"),
+            Some(name) => match self.speculative.eagle_heads.get(name) {
+                Some(path) => Ok(self.base_dir.join(path)),
+                None => bail!(
+                    "no EAGLE head named {name:?}: speculative.eagle_heads has {}",
+                    match self.speculative.eagle_heads.is_empty() {
+                        true => "none".to_string(),
+                        false => self.speculative.eagle_heads.keys().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", "),
+                    }
+                ),
+            },
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let s = &self.speculative;
         if s.gamma == 0 {
@@ -645,6 +669,9 @@ impl Config {
                 "speculative.proposer = \"eagle\" or \"ngram+eagle\" needs speculative.eagle_head, the head's folder"
             ),
             _ => {}
+        }
+        if let Some(bad) = s.eagle_heads.keys().find(|name| name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+            bail!("speculative.eagle_heads: the name {bad:?} is not letters, digits and '_' (bench modes name it as eagle@<name>:<stack>)");
         }
         if !(1..=32).contains(&s.ngram_gamma) {
             bail!("speculative.ngram_gamma = {} is out of range; use 1..=32", s.ngram_gamma);
@@ -722,6 +749,21 @@ mod tests {
 
     fn error_of(text: &str) -> String {
         format!("{:#}", Config::from_toml(text).unwrap_err())
+    }
+
+    #[test]
+    fn named_heads_resolve_against_the_config_folder_and_unknown_names_list_the_known() {
+        let config = Config::from_toml(
+            "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\neagle_heads = { general = \"../g\", gsm8k_2 = \"k\" }\n",
+        )
+        .unwrap();
+        assert_eq!(config.eagle_head_named(Some("general")).unwrap(), config.base_dir.join("../g"));
+        assert_eq!(config.eagle_head_named(None).unwrap(), config.base_dir.join("h"));
+        let err = format!("{:#}", config.eagle_head_named(Some("coder")).unwrap_err());
+        assert!(err.contains("\"coder\"") && err.contains("\"general\", \"gsm8k_2\""), "{err}");
+        assert!(config.mode_names().contains(&"eagle:exact".to_string()));
+        let err = error_of("[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"ngram\"\neagle_heads = { \"a-b\" = \"g\" }\n");
+        assert!(err.contains("\"a-b\"") && err.contains("eagle@<name>"), "{err}");
     }
 
     #[test]

@@ -199,9 +199,13 @@ impl LoadedModels {
 
     /// [`Self::eagle_proposer`] drafting as `drafting` says (its γ is the engine's).
     pub fn eagle_proposer_with(&self, config: &Config, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
-        let head = config
-            .eagle_head()
-            .context("drafting with an EAGLE head needs speculative.eagle_head in the config")?;
+        self.named_eagle_proposer(config, None, drafting)
+    }
+
+    /// The head `speculative.eagle_heads` names `head` (`None`: `eagle_head`), drafting as
+    /// `drafting` says.
+    pub fn named_eagle_proposer(&self, config: &Config, head: Option<&str>, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
+        let head = config.eagle_head_named(head)?;
         if drafting.learn_keep_rates && !drafting.sv {
             tracing::warn!("sv.learn_keep_rates does nothing without SV: set sv.enabled = true (bench option `sv`)");
         }

@@ -16,7 +16,7 @@ use verdict::{
     models::ModelSource,
     proposers::eagle_proposer::{capture_layers, target_embeddings},
 };
-use verdict_cli::{
+use verdict_eval::{
     bench::{self, BenchOptions, Mode},
     subset::Subset,
     tasks::{gsm8k, TaskAdapter},

@@ -113,5 +113,5 @@ impl LabelStore {
 }
 
 fn read_lines(text: &str, path: &Path) -> Result<Vec<ProblemLabels>> {
-    verdict_cli::jsonl::parse_lines(text, path, "label record")
+    verdict_eval::jsonl::parse_lines(text, path, "label record")
 }

@@ -8,7 +8,7 @@ use verdict::{
     config::Config,
     engine::LoadedModels,
 };
-use verdict_cli::{
+use verdict_eval::{
     tasks::{gsm8k, TaskAdapter},
 };
 use verdict_heads::FeatureSpec;
@@ -144,7 +144,7 @@ struct MixtureArgs {
 fn run_mixture(args: &MixtureArgs) -> Result<()> {
     let config = Config::load(&args.config)?;
     let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
-    let gsm8k_dir = verdict_cli::datasets::gsm8k_dir(args.data_dir.clone(), &cache);
+    let gsm8k_dir = verdict_eval::datasets::gsm8k_dir(args.data_dir.clone(), &cache);
     let plan = verdict_eval::mixture::MixturePlan {
         gsm8k: args.gsm8k,
         math: args.math,
@@ -425,7 +425,7 @@ impl TaskArgs {
     fn config_and_data_dir(&self) -> Result<(Config, PathBuf)> {
         let config = Config::load(&self.config)?;
         let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
-        let data_dir = verdict_cli::datasets::gsm8k_dir(self.data_dir.clone(), &cache);
+        let data_dir = verdict_eval::datasets::gsm8k_dir(self.data_dir.clone(), &cache);
         Ok((config, data_dir))
     }
 

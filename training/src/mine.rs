@@ -4,7 +4,7 @@ use std::{path::Path, time::Instant};
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use verdict_cli::tasks::TaskAdapter;
+use verdict_eval::tasks::TaskAdapter;
 
 use crate::{
     labels::{LabelStore, ProblemLabels},

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
-use verdict_cli::tasks::TaskAdapter;
+use verdict_eval::tasks::TaskAdapter;
 
 use crate::labels::{Mismatch, ProblemLabels};
 

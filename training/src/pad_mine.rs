@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use serde::{Deserialize, Serialize};
-use verdict_cli::tasks::TaskAdapter;
+use verdict_eval::tasks::TaskAdapter;
 
 use crate::labels::LabelStore;
 
@@ -97,7 +97,7 @@ pub fn read_pivot_labels(path: &Path) -> Result<Vec<PivotLabel>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let complete = text.rfind('\n').map_or(0, |i| i + 1);
-    verdict_cli::jsonl::parse_lines(&text[..complete], path, "pivot label")
+    verdict_eval::jsonl::parse_lines(&text[..complete], path, "pivot label")
 }
 
 /// PIVOT iff Û_cand < α · Û_base.

@@ -30,7 +30,7 @@ use verdict::{
     rules::BaseRule,
     sv::table::{AcceptanceTable, Observation, TableOrigin},
 };
-use verdict_cli::{
+use verdict_eval::{
     jsonl::parse_lines,
     tasks::{gsm8k, TaskAdapter},
 };

@@ -9,7 +9,7 @@
 use std::cell::Cell;
 
 use anyhow::{bail, Result};
-use verdict_cli::tasks::TaskAdapter;
+use verdict_eval::tasks::TaskAdapter;
 use verdict_training::{
     labels::{LabelStore, ProblemLabels},
     mine::{mine as run_mining, MiningPlan},

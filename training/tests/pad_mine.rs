@@ -1,7 +1,7 @@
 //! PAD's rollout labels on a scripted engine whose success rates are known in advance.
 
 use anyhow::Result;
-use verdict_cli::tasks::TaskAdapter;
+use verdict_eval::tasks::TaskAdapter;
 use verdict_training::{
     labels::{LabelStore, Mismatch, ProblemLabels},
     pad_mine::{mine_pivots, read_pivot_labels, PadPlan, RolloutEngine},

@@ -22,8 +22,8 @@ use crate::{
     paired::{paired_stats, Pair, PairedStats},
     subset::Subset,
 };
-pub use verdict_eval::benchmark::TaskName;
-use verdict_eval::{
+pub use crate::benchmark::TaskName;
+use crate::{
     benchmark::{self, Answers, Benchmark, BenchmarkSource},
     sandbox::SandboxLimits,
 };
@@ -77,14 +77,35 @@ impl Mode {
     /// `sv.verify_ms`, or that table as given), `serial` / `batched` (with `--batch`: the
     /// sequences of a step draft one after another, or in one head forward per draft
     /// position), `packed` / `padded` (a batched verify feeds each sequence's own rows, or
-    /// pads them to the widest): `eagle-q4k-g6-c0.5:exact`, `eagle-sv:exact`. Returns the
+    /// pads them to the widest): `eagle-q4k-g6-c0.5:exact`, `eagle-sv:exact`. `eagle@<name>`
+    /// drafts with the head `speculative.eagle_heads` names: `eagle@general-sv:exact`. Returns the
     /// options' text ("" when as configured) and the stack.
     fn eagle_parts(&self) -> Option<(&str, &str)> {
+        self.eagle_head_and_parts().map(|(_, options, stack)| (options, stack))
+    }
+
+    /// [`Self::eagle_parts`] with the head the mode names: `eagle@<name>…` drafts with the
+    /// head `speculative.eagle_heads` calls `name` (`None`: `eagle_head`).
+    fn eagle_head_and_parts(&self) -> Option<(Option<&str>, &str, &str)> {
         let eagle = self.0.strip_prefix(COMBINED_MODE_PREFIX).unwrap_or(&self.0);
-        if let Some(stack) = eagle.strip_prefix(EAGLE_MODE_PREFIX) {
-            return Some(("", stack));
+        let rest = eagle.strip_prefix(EAGLE_MODE_PREFIX.trim_end_matches(':'))?;
+        let (head, rest) = match rest.strip_prefix('@') {
+            Some(named) => {
+                let end = named.find([':', '-'])?;
+                (Some(&named[..end]), &named[end..])
+            }
+            None => (None, rest),
+        };
+        if let Some(stack) = rest.strip_prefix(':') {
+            return Some((head, "", stack));
         }
-        eagle.strip_prefix("eagle-")?.split_once(':')
+        let (options, stack) = rest.strip_prefix('-')?.split_once(':')?;
+        Some((head, options, stack))
+    }
+
+    /// The named head this mode drafts with (`eagle@<name>:…`), if it names one.
+    pub fn eagle_head_name(&self) -> Option<&str> {
+        self.eagle_head_and_parts().and_then(|(head, _, _)| head)
     }
 
     /// Drafts by prompt lookup and the EAGLE head together (`ngram+eagle…:<stack>`).
@@ -311,6 +332,8 @@ pub fn load_checkpoint(path: &Path) -> Result<Vec<Run>> {
 pub struct BenchReport {
     pub summaries: Vec<ModeSummary>,
     pub divergences: Vec<Divergence>,
+    /// Every (problem, seed, mode) run, resumed ones included.
+    pub runs: Vec<Run>,
 }
 
 pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
@@ -336,6 +359,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         }
         if mode.drafts_with_eagle() {
             eagle_drafting.insert(mode.clone(), mode.eagle_drafting(config.eagle_drafting())?);
+            // A named head must exist before anything loads.
+            config.eagle_head_named(mode.eagle_head_name()).with_context(|| format!("bench mode {:?}", mode.0))?;
         }
     }
 
@@ -384,15 +409,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
     // One proposer per way of drafting the modes ask for; a proposer that learns keep
     // rates serves one mode, since each stack keeps drafts at its own rate.
-    let mut built: Vec<((EagleDrafting, Option<Mode>), _)> = Vec::new();
+    let mut built: Vec<((Option<&str>, EagleDrafting, Option<Mode>), _)> = Vec::new();
     let mut eagle_proposers = BTreeMap::new();
     for (mode, drafting) in &eagle_drafting {
         // A head that learns keep rates, or that a lookup shares steps with, is the mode's own.
-        let key = (*drafting, (drafting.learn_keep_rates || mode.combines_lookup_and_head()).then(|| mode.clone()));
+        let key = (mode.eagle_head_name(), *drafting, (drafting.learn_keep_rates || mode.combines_lookup_and_head()).then(|| mode.clone()));
         let proposer = match built.iter().find(|(k, _)| *k == key) {
             Some((_, proposer)) => Arc::clone(proposer),
             None => {
-                let proposer = models.eagle_proposer_with(config, drafting)?;
+                let proposer = models.named_eagle_proposer(config, mode.eagle_head_name(), drafting)?;
                 built.push((key, proposer.clone()));
                 proposer
             }
@@ -669,6 +694,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     Ok(BenchReport {
         summaries,
         divergences,
+        runs,
     })
 }
 
@@ -1050,6 +1076,20 @@ mod tests {
             ("exact", EagleDrafting { weights: WeightFormat::Q4K, ..configured })
         );
         assert!(q4k.is_lossless());
+        // A named head: the name ends at the options or the stack.
+        for (name, head, stack, sv) in [
+            ("eagle@general:exact", Some("general"), "exact", false),
+            ("eagle@general-sv:exact", Some("general"), "exact", true),
+            ("ngram+eagle@gsm8k:rejection", Some("gsm8k"), "rejection", false),
+            ("eagle-sv:exact", None, "exact", true),
+        ] {
+            let m = mode(name);
+            assert!(m.drafts_with_eagle(), "{name}");
+            assert_eq!((m.eagle_head_name(), m.stack_name(), m.eagle_drafting(configured).unwrap().sv), (head, stack, sv), "{name}");
+        }
+        assert!(mode("ngram+eagle@gsm8k:exact").combines_lookup_and_head());
+        assert!(!mode("eagle@general").drafts_with_eagle());
+        assert!(!mode("eagles:exact").drafts_with_eagle());
         assert_eq!(
             mode("eagle-g6-c0.5-s0.25-f32:fsd").eagle_drafting(configured).unwrap(),
             EagleDrafting { weights: WeightFormat::F32, gamma: 6, min_confidence: 0.5, min_first_confidence: 0.25, sv: false, learn_keep_rates: false, learn_verify_ms: false, batched: true, packed: true }

@@ -18,7 +18,7 @@ use crate::{
     bench::{pair, Mode, Run},
     paired::{paired_stats, Pair, PairedStats},
 };
-use verdict_eval::benchmark::TaskName;
+use crate::benchmark::TaskName;
 
 /// Every mode's runs by (problem, seed).
 pub type RunsByMode = BTreeMap<Mode, BTreeMap<(usize, usize), Run>>;
