@@ -623,3 +623,43 @@ fn rejection_with_eagle_drafts_samples_the_targets_distribution_through_the_pipe
     let (chi2, df) = chi_square_two_samples(&reference, &lossy, 1);
     assert!(chi2 > chi_square_critical(df), "a stack keeping every draft passed as lossless: χ² {chi2:.1} on {df}");
 }
+
+#[test]
+fn log_probabilities_of_verified_tokens_are_plain_decodings() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(TinyArch::Qwen2, 11);
+    write_tiny_model(&s, &dir.path().join("target")).unwrap();
+    let mut config = Config::from_toml(&eagle_toml(dir.path(), 3, "f32").replace("proposer = \"eagle\"", "proposer = \"ngram\"")).unwrap();
+    config.speculative.ngram_min = 1;
+    config.speculative.ngram_max = 3;
+    let models = LoadedModels::load(&config).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (plain, speculative) = runtime.block_on(async {
+        let plain = Engine::plain(&models, 1).await;
+        let lookup = models.ngram_proposer(&config).unwrap();
+        let speculative = Engine::with_proposer(&models, lookup, 3, JudgeStack::lossless(BaseRule::Exact), 0, metrics.clone(), 1).await.unwrap();
+        (plain, speculative)
+    });
+    for prompt in &repeating_prompts()[..3] {
+        let prompt = Prompt::Chat(prompt.clone());
+        let [a, b] = [&plain, &speculative].map(|engine| {
+            runtime.block_on(verdict::engine::generate_with_top_tokens(&engine.mistralrs, &prompt, &config.sampling, 3)).unwrap()
+        });
+        assert_eq!(a.text, b.text);
+        assert_eq!(a.top_tokens.len(), b.top_tokens.len());
+        for (position, ((token_a, top_a), (token_b, top_b))) in a.top_tokens.iter().zip(&b.top_tokens).enumerate() {
+            assert_eq!(token_a, token_b, "token {position}");
+            assert_eq!(top_a.len(), 3, "token {position}: {top_a:?}");
+            for (x, y) in top_a.iter().zip(top_b) {
+                assert_eq!((x.0, &x.1), (y.0, &y.1), "token {position}: {top_a:?} against {top_b:?}");
+                assert!((x.2 - y.2).abs() < 1e-4, "token {position}: {top_a:?} against {top_b:?}");
+            }
+            // Log-probabilities: negative, their probabilities summing to at most 1.
+            let mass: f32 = top_a.iter().map(|c| c.2.exp()).sum();
+            assert!(top_a.iter().all(|c| c.2 <= 0.0) && mass <= 1.0 + 1e-4, "token {position}: {top_a:?}");
+        }
+    }
+    let counters = metrics.snapshot();
+    assert!(counters.accepted_tokens > 0, "no draft was kept, so no verified token was reported: {counters:?}");
+}

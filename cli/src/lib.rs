@@ -12,4 +12,5 @@ pub mod model_fetch;
 pub mod openai_conventions;
 pub mod plot;
 pub mod plot_load;
+pub mod request_metrics;
 pub mod server;

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 const DEFAULT_MODEL: &str = "default";
 
 /// Largest response body read back for naming the served model.
-const MAX_RESPONSE_BYTES: usize = 256 << 20;
+pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
 /// OpenAI's bound on `top_logprobs`.
 const MAX_TOP_LOGPROBS: u64 = 20;
@@ -37,7 +37,7 @@ pub struct RequestPolicy {
     pub max_request_bytes: usize,
     pub max_tokens_limit: usize,
     pub max_stop_sequences: usize,
-    /// The engine verifies drafts: grammars and log-probabilities are refused.
+    /// The engine verifies drafts: grammars are refused.
     pub speculative: bool,
     /// `[sampling]`: the values of fields a request omits.
     pub defaults: verdict::config::SamplingConfig,
@@ -160,9 +160,6 @@ fn check_sampling(body: &Value, policy: &RequestPolicy) -> Result<(), Refusal> {
     };
     if body.get("top_logprobs").is_some_and(|v| !v.is_null()) && !asks_logprobs {
         return Err(bad("top_logprobs", "`top_logprobs` needs `logprobs`: true"));
-    }
-    if asks_logprobs && policy.speculative {
-        return Err(bad("logprobs", "log-probabilities are not available from this speculative engine yet; leave `logprobs` out"));
     }
     match body.get("stop") {
         None | Some(Value::Null) => {}
@@ -306,7 +303,9 @@ impl EventRewriter {
         let complete = std::mem::replace(&mut self.pending, rest);
         let mut out = Vec::with_capacity(complete.len());
         for line in complete.split_inclusive(|&b| b == b'\n') {
-            match line.strip_prefix(b"data: ").and_then(|json| with_served_model(json.trim_ascii_end(), &self.served)) {
+            let data = line.strip_prefix(b"data: ").map(<[u8]>::trim_ascii_end);
+            let rewritten = data.and_then(|json| with_served_model(json, &self.served)).or_else(|| data.and_then(error_event));
+            match rewritten {
                 Some(rewritten) => {
                     out.extend_from_slice(b"data: ");
                     out.extend_from_slice(&rewritten);
@@ -317,6 +316,31 @@ impl EventRewriter {
         }
         Bytes::from(out)
     }
+}
+
+/// An event whose data is neither JSON nor `[DONE]` is an error mistral.rs sent as bare
+/// text: it becomes OpenAI's error object, so clients see an error, not a broken chunk.
+fn error_event(data: &[u8]) -> Option<Vec<u8>> {
+    if data == b"[DONE]" || serde_json::from_slice::<Value>(data).is_ok() {
+        return None;
+    }
+    let message = String::from_utf8_lossy(data);
+    Some(serde_json::to_vec(&json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}})).expect("a JSON value serialises"))
+}
+
+/// What the engine refused before scheduling (mistral.rs answers 422: a prompt longer than
+/// the context, or `max_tokens` beyond the context it leaves), as a 400 naming the field.
+fn engine_refusal(body: &[u8], route: Route) -> Refusal {
+    let message = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").or_else(|| v.pointer("/error/message")).and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let param = match (message.starts_with("`max_tokens`"), route) {
+        (true, _) => "max_tokens",
+        (false, Route::Chat) => "messages",
+        (false, Route::Text) => "prompt",
+    };
+    bad(param, message)
 }
 
 fn completion_route(request: &Request) -> Option<Route> {
@@ -369,6 +393,9 @@ pub async fn enforce(State(policy): State<std::sync::Arc<RequestPolicy>>, reques
         let Ok(bytes) = to_bytes(body, MAX_RESPONSE_BYTES).await else {
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         };
+        if parts.status == StatusCode::UNPROCESSABLE_ENTITY {
+            return engine_refusal(&bytes, route).into_response();
+        }
         let rewritten = with_served_model(&bytes, &served).map_or(bytes, Bytes::from);
         parts.headers.remove(axum::http::header::CONTENT_LENGTH);
         Response::from_parts(parts, Body::from(rewritten))
@@ -405,7 +432,6 @@ mod tests {
             (json!({"stop": ["a", ""]}), "stop[1]"),
             (json!({"top_logprobs": 25, "logprobs": true}), "top_logprobs"),
             (json!({"top_logprobs": 3}), "top_logprobs"),
-            (json!({"logprobs": true}), "logprobs"),
             (json!({"frequency_penalty": 3}), "frequency_penalty"),
         ] {
             let refusal = check_request(&body, "verdict").unwrap_err();
@@ -474,5 +500,27 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "data: {\"model\":\"verdict\",\"x\":1}\n\ndata: {\"model\":\"verdict\"}\n\ndata: [DONE]\n\n"
         );
+    }
+
+    #[test]
+    fn an_error_sent_as_bare_text_in_a_stream_becomes_an_error_event() {
+        let mut rewriter = EventRewriter { served: "verdict".into(), pending: Vec::new() };
+        let out = rewriter.push(b"data: {\"model\":\"m\"}\n\ndata: the model failed: out of memory\n\ndata: [DONE]\n\n");
+        let events: Vec<&str> = std::str::from_utf8(&out).unwrap().lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        assert_eq!(events.len(), 3, "{events:?}");
+        let error: Value = serde_json::from_str(events[1]).unwrap();
+        assert_eq!(error["error"]["message"], "the model failed: out of memory");
+        assert_eq!(error["error"]["type"], "server_error");
+        assert_eq!(events[2], "[DONE]");
+    }
+
+    #[test]
+    fn engine_refusals_name_the_field() {
+        let long = engine_refusal(br#"{"message":"Prompt sequence length is greater than 512"}"#, Route::Chat);
+        assert_eq!((long.status, long.param.as_str()), (StatusCode::BAD_REQUEST, "messages"));
+        assert_eq!(engine_refusal(br#"{"message":"Prompt sequence length is greater than 512"}"#, Route::Text).param, "prompt");
+        let max = engine_refusal(br#"{"message":"`max_tokens` = 600 does not fit: the prompt holds 9 of the model's 512 context tokens, leaving 503"}"#, Route::Chat);
+        assert_eq!(max.param, "max_tokens");
+        assert!(max.message.contains("leaving 503"), "{}", max.message);
     }
 }

@@ -11,15 +11,7 @@
 //! Connections are capped and must send their headers and bodies in time; on SIGTERM the
 //! server stops accepting, lets requests in flight finish within a grace period, and ends.
 
-use std::{
-    future::Future,
-    net::SocketAddr,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
-    time::{Duration, Instant},
-};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use axum::{
@@ -39,7 +31,10 @@ use mistralrs_server_core::{chat_completion::chatcompletions, completions::compl
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use crate::openai_conventions::{self, RequestPolicy};
+use crate::{
+    openai_conventions::{self, RequestPolicy},
+    request_metrics::{self, RequestMetrics},
+};
 use verdict::{
     config::Config,
     engine::{Engine, MODEL_ID},
@@ -84,64 +79,17 @@ impl ServeOptions {
     }
 }
 
-/// What the server counts of its own, beside the engine's metrics.
-#[derive(Default)]
-pub struct ServerCounters {
-    /// Completion requests answered, by status class (index 2 = 2xx … 5 = 5xx).
-    by_status: [AtomicU64; 6],
-    running: AtomicU64,
-    /// End-to-end seconds of completion requests (to the response's first byte for
-    /// streams), cumulative per bucket.
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_micros: AtomicU64,
-}
-
-const LATENCY_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
-
-impl ServerCounters {
-    fn record(&self, status: StatusCode, seconds: f64) {
-        self.by_status[(status.as_u16() / 100).min(5) as usize].fetch_add(1, Ordering::Relaxed);
-        for (bucket, &bound) in self.latency_buckets.iter().zip(&LATENCY_BUCKETS) {
-            if seconds <= bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_micros.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-    }
-
-    /// Prometheus text, with vLLM's names where it has them.
-    pub fn render_prometheus(&self) -> String {
-        let mut out = String::from("# TYPE vllm:request_success_total counter\n");
-        for (class, label) in [(2, "2xx"), (4, "4xx"), (5, "5xx")] {
-            out.push_str(&format!("verdict_http_requests_total{{status=\"{label}\"}} {}\n", self.by_status[class].load(Ordering::Relaxed)));
-        }
-        out.push_str(&format!("vllm:request_success_total {}\n", self.by_status[2].load(Ordering::Relaxed)));
-        out.push_str(&format!("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n", self.running.load(Ordering::Relaxed)));
-        out.push_str("# TYPE vllm:e2e_request_latency_seconds histogram\n");
-        for (bucket, bound) in self.latency_buckets.iter().zip(LATENCY_BUCKETS) {
-            out.push_str(&format!("vllm:e2e_request_latency_seconds_bucket{{le=\"{bound}\"}} {}\n", bucket.load(Ordering::Relaxed)));
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        out.push_str(&format!("vllm:e2e_request_latency_seconds_bucket{{le=\"+Inf\"}} {count}\n"));
-        out.push_str(&format!("vllm:e2e_request_latency_seconds_sum {}\n", self.latency_micros.load(Ordering::Relaxed) as f64 / 1e6));
-        out.push_str(&format!("vllm:e2e_request_latency_seconds_count {count}\n"));
-        out
-    }
-}
-
 /// The router for `engine`: completion routes checked by `options`, the model list, health
 /// and metrics, behind the access checks.
 pub async fn router(engine: &Engine, metrics: Arc<Metrics>, options: &ServeOptions) -> Result<Router> {
-    let counters = Arc::new(ServerCounters::default());
+    let counters = Arc::new(RequestMetrics::default());
     let policy = Arc::new(options.policy.clone());
     let completions_routes = Router::new()
         .route("/v1/chat/completions", post(chatcompletions))
         .route("/v1/completions", post(completions))
         .with_state(engine.mistralrs.clone())
         .layer(axum::middleware::from_fn_with_state(policy, openai_conventions::enforce))
-        .layer(axum::middleware::from_fn_with_state(counters.clone(), count_requests));
+        .layer(axum::middleware::from_fn_with_state(counters.clone(), request_metrics::count_requests));
     let mistralrs = engine.mistralrs.clone();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let router = Router::new()
@@ -257,15 +205,6 @@ async fn admit(State(access): State<Arc<Access>>, request: Request, next: Next) 
         }
     }
     next.run(request).await
-}
-
-async fn count_requests(State(counters): State<Arc<ServerCounters>>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    counters.running.fetch_add(1, Ordering::Relaxed);
-    let response = next.run(request).await;
-    counters.running.fetch_sub(1, Ordering::Relaxed);
-    counters.record(response.status(), started.elapsed().as_secs_f64());
-    response
 }
 
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {

@@ -458,8 +458,8 @@ pub struct Generation {
     pub prompt_seconds: f64,
     pub completion_seconds: f64,
     /// Per generated token, when asked for: its text and the best candidates as
-    /// (token id, text, score). Under greedy decoding mistral.rs 0.8.1 reports log10 of
-    /// the raw logit as the "logprob", so `score` is `10^logprob`, the logit itself.
+    /// (token id, text, score), the score being the target's log-probability (natural log,
+    /// before temperature: mistral.rs `0025`), so two scores differ as their logits do.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub top_tokens: Vec<(String, Vec<Candidate>)>,
 }
@@ -570,7 +570,7 @@ pub async fn generate_with_top_tokens(
                 let top = t
                     .top_logprobs
                     .into_iter()
-                    .map(|c| (c.token, c.bytes.unwrap_or_default(), 10f32.powf(c.logprob)))
+                    .map(|c| (c.token, c.bytes.unwrap_or_default(), c.logprob))
                     .collect();
                 (t.token, top)
             })
