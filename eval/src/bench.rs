@@ -823,6 +823,16 @@ pub fn pair(answers: &dyn Answers, baseline: &Run, run: &Run) -> Pair {
     Pair { plain_correct: baseline.correct, mode_correct: run.correct, same_answer }
 }
 
+/// Completion tokens over wall clock, summed over `runs` (0 for none).
+pub fn tokens_per_second<'a>(runs: impl Iterator<Item = &'a Run>) -> f64 {
+    let (tokens, seconds) = runs.fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + r.seconds));
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
 pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<ModeSummary> {
     let plain_runs: BTreeMap<(usize, usize), &Run> = runs
         .iter()
@@ -831,26 +841,16 @@ pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<Mod
         .collect();
     let plain_text: BTreeMap<(usize, usize), &str> =
         plain_runs.iter().map(|(&i, r)| (i, r.text.as_str())).collect();
-    let tokens_per_second = |mode: &Mode| {
-        let (tokens, seconds) = runs
-            .iter()
-            .filter(|r| &r.mode == mode)
-            .fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + r.seconds));
-        if seconds > 0.0 {
-            tokens as f64 / seconds
-        } else {
-            0.0
-        }
-    };
+    let mode_tps = |mode: &Mode| tokens_per_second(runs.iter().filter(|r| &r.mode == mode));
     let plain_tps = modes
         .contains(&Mode::plain())
-        .then(|| tokens_per_second(&Mode::plain()));
+        .then(|| mode_tps(&Mode::plain()));
     modes
         .iter()
         .map(|mode| {
             let mine: Vec<&Run> = runs.iter().filter(|r| &r.mode == mode).collect();
             let counters = Counters::total(mine.iter().filter_map(|r| r.counters.as_ref()));
-            let tps = tokens_per_second(mode);
+            let tps = mode_tps(mode);
             let seconds: f64 = mine.iter().map(|r| r.seconds).sum();
             let pairs: Vec<Pair> = mine
                 .iter()

@@ -12,7 +12,7 @@ use std::{
 use verdict::metrics::Counters;
 
 use crate::{
-    bench::{Mode, Run},
+    bench::{tokens_per_second, Mode, Run},
     benchmark::TaskName,
 };
 
@@ -39,15 +39,6 @@ pub struct PooledOverTasks {
     pub speed_vs_plain: Option<f64>,
     /// The task where this mode's speed ratio to plain is lowest, and that ratio.
     pub slowest_task: Option<(TaskName, f64)>,
-}
-
-fn tokens_per_second<'a>(runs: impl Iterator<Item = &'a Run>) -> f64 {
-    let (tokens, seconds) = runs.fold((0usize, 0f64), |(t, s), r| (t + r.completion_tokens, s + r.seconds));
-    if seconds > 0.0 {
-        tokens as f64 / seconds
-    } else {
-        0.0
-    }
 }
 
 /// `mode`'s runs over every task.
