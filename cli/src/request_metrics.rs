@@ -16,7 +16,7 @@ use std::{
 };
 
 use axum::{
-    body::{to_bytes, Body, Bytes},
+    body::{to_bytes, Body},
     extract::{Request, State},
     http::{header, StatusCode},
     middleware::Next,
@@ -224,7 +224,7 @@ pub async fn count_requests(State(metrics): State<Arc<RequestMetrics>>, request:
         false => metrics.e2e.observe(seconds),
     }
     metrics.running.fetch_sub(1, Ordering::Relaxed);
-    Response::from_parts(parts, Body::from(Bytes::from(bytes)))
+    Response::from_parts(parts, Body::from(bytes))
 }
 
 #[cfg(test)]

@@ -336,6 +336,10 @@ pub struct BenchReport {
     pub runs: Vec<Run>,
 }
 
+/// What EAGLE modes must share to share a proposer: the head, how it drafts, and the mode
+/// itself where the proposer is the mode's own.
+type ProposerKey<'a> = (Option<&'a str>, EagleDrafting, Option<Mode>);
+
 pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     if options.modes.is_empty() {
         bail!("--modes is empty");
@@ -409,7 +413,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let models = LoadedModels::load_with_draft(config, needs_draft)?;
     // One proposer per way of drafting the modes ask for; a proposer that learns keep
     // rates serves one mode, since each stack keeps drafts at its own rate.
-    let mut built: Vec<((Option<&str>, EagleDrafting, Option<Mode>), _)> = Vec::new();
+    let mut built: Vec<(ProposerKey, _)> = Vec::new();
     let mut eagle_proposers = BTreeMap::new();
     for (mode, drafting) in &eagle_drafting {
         // A head that learns keep rates, or that a lookup shares steps with, is the mode's own.
