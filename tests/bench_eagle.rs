@@ -1,5 +1,6 @@
 //! `verdict bench` with EAGLE modes: `eagle:<stack>` drafts with the head as configured and
-//! `eagle-<weights>:<stack>` with its matrices in another format, both in one run; greedy
+//! `eagle-<weights>:<stack>` with its matrices in another format, and `eagle@<name>:<stack>`
+//! with another head `eagle_heads` names, all in one run; greedy
 //! `exact` writes plain decoding's text whatever the head's weights, and plain decoding after
 //! them (`plain-again`) writes it too.
 
@@ -28,9 +29,20 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         .collect();
     std::fs::write(dir.path().join("gsm8k/test.jsonl"), lines).unwrap();
 
+    // A second head, another draft vocabulary: named, it drafts in its own mode. A third,
+    // for a wider target, must be refused when a mode names it: the named head is the one
+    // loaded.
+    let other_vocab: Vec<u32> = (FIRST_WORD_ID as u32 + 2..FIRST_WORD_ID as u32 + 10).collect();
+    write_tiny_eagle3_head(&s, &dir.path().join("other-head"), &other_vocab, [1, 2, 2], 11).unwrap();
+    let mut wider = s.clone();
+    wider.hidden_size *= 2;
+    write_tiny_eagle3_head(&wider, &dir.path().join("wider-head"), &other_vocab, [1, 2, 2], 11).unwrap();
+
     let mut config = config(dir.path(), 3, "exact", 16);
     config.speculative.eagle_head = Some(dir.path().join("head"));
-    let modes: Vec<Mode> = ["plain", "plain-again", "eagle:exact", "eagle-q8_0:exact"].iter().map(|m| m.parse().unwrap()).collect();
+    config.speculative.eagle_heads.insert("other".into(), dir.path().join("other-head"));
+    config.speculative.eagle_heads.insert("wider".into(), dir.path().join("wider-head"));
+    let modes: Vec<Mode> = ["plain", "plain-again", "eagle:exact", "eagle-q8_0:exact", "eagle@other:exact"].iter().map(|m| m.parse().unwrap()).collect();
     let out = dir.path().join("report.json");
     let options = BenchOptions {
         task: verdict_eval::bench::TaskName::Gsm8k,
@@ -60,6 +72,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         };
         assert_eq!(text("eagle:exact"), text("plain"), "problem {problem}");
         assert_eq!(text("eagle-q8_0:exact"), text("plain"), "problem {problem}");
+        assert_eq!(text("eagle@other:exact"), text("plain"), "problem {problem}");
         assert_eq!(text("plain-again"), text("plain"), "problem {problem}");
         let last = runs.iter().rfind(|r| r["problem"] == problem).unwrap();
         assert_eq!(last["mode"], "plain-again", "problem {problem}: plain-again runs after every other mode");
@@ -79,8 +92,21 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         assert!((parts - part("total_ms")).abs() < 1e-6 && part("other_ms") >= 0.0, "{mode}: {t}");
     }
 
-    // A format that does not exist is refused before anything loads, naming the mode.
-    let bad = BenchOptions { modes: vec!["eagle-q3:exact".parse().unwrap()], out: dir.path().join("bad.json"), ..options };
-    let err = format!("{:#}", bench::run(&config, &bad).err().expect("an unknown weight format was accepted"));
-    assert!(err.contains("eagle-q3:exact") && err.contains("\"q3\""), "{err}");
+    // A format that does not exist, a head name no table holds, or a named head for
+    // another target is refused before any problem runs, naming the mode (and the heads
+    // there are, or the head's hidden size).
+    let hidden = format!("hidden size {}", wider.hidden_size);
+    for (mode, named) in [("eagle-q3:exact", "\"q3\""), ("eagle@nope:exact", "\"other\""), ("eagle@wider:exact", hidden.as_str())] {
+        let bad = BenchOptions {
+            modes: vec![mode.parse().unwrap()],
+            out: dir.path().join("bad.json"),
+            data_dir: options.data_dir.clone(),
+            split: options.split.clone(),
+            sandbox_python: options.sandbox_python.clone(),
+            subset: Subset { ids: None, offset: 0, limit: None },
+            ..options
+        };
+        let err = format!("{:#}", bench::run(&config, &bad).err().unwrap_or_else(|| panic!("{mode} was accepted")));
+        assert!(err.contains(mode) && err.contains(named), "{err}");
+    }
 }

@@ -421,7 +421,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         let proposer = match built.iter().find(|(k, _)| *k == key) {
             Some((_, proposer)) => Arc::clone(proposer),
             None => {
-                let proposer = models.named_eagle_proposer(config, mode.eagle_head_name(), drafting)?;
+                let proposer = models
+                    .named_eagle_proposer(config, mode.eagle_head_name(), drafting)
+                    .with_context(|| format!("bench mode {:?}", mode.0))?;
                 built.push((key, proposer.clone()));
                 proposer
             }
