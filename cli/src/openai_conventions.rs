@@ -295,12 +295,9 @@ struct EventRewriter {
 
 impl EventRewriter {
     fn push(&mut self, chunk: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(chunk);
-        let Some(last_newline) = self.pending.iter().rposition(|&b| b == b'\n') else {
+        let Some(complete) = complete_lines(&mut self.pending, chunk) else {
             return Bytes::new();
         };
-        let rest = self.pending.split_off(last_newline + 1);
-        let complete = std::mem::replace(&mut self.pending, rest);
         let mut out = Vec::with_capacity(complete.len());
         for line in complete.split_inclusive(|&b| b == b'\n') {
             let data = line.strip_prefix(b"data: ").map(<[u8]>::trim_ascii_end);
@@ -316,6 +313,15 @@ impl EventRewriter {
         }
         Bytes::from(out)
     }
+}
+
+/// Server-sent events arrive in chunks that may cut a line: `chunk` joins what `pending`
+/// held, and the lines now complete are returned (none yet: `None`), the rest kept.
+pub(crate) fn complete_lines(pending: &mut Vec<u8>, chunk: &[u8]) -> Option<Vec<u8>> {
+    pending.extend_from_slice(chunk);
+    let last_newline = pending.iter().rposition(|&b| b == b'\n')?;
+    let rest = pending.split_off(last_newline + 1);
+    Some(std::mem::replace(pending, rest))
 }
 
 /// An event whose data is neither JSON nor `[DONE]` is an error mistral.rs sent as bare

@@ -164,12 +164,9 @@ struct WatchedStream {
 
 impl WatchedStream {
     fn push(&mut self, chunk: &[u8]) {
-        self.pending.extend_from_slice(chunk);
-        let Some(last_newline) = self.pending.iter().rposition(|&b| b == b'\n') else {
+        let Some(complete) = crate::openai_conventions::complete_lines(&mut self.pending, chunk) else {
             return;
         };
-        let rest = self.pending.split_off(last_newline + 1);
-        let complete = std::mem::replace(&mut self.pending, rest);
         for line in complete.split(|&b| b == b'\n') {
             let Some(data) = line.strip_prefix(b"data: ") else { continue };
             let Ok(event) = serde_json::from_slice::<Value>(data.trim_ascii_end()) else { continue };
