@@ -17,7 +17,7 @@ use verdict::{
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
-    tiny_model::{words, TinyArch},
+    tiny_model::{word_index, words, TinyArch, TinySpec},
 };
 use verdict_cli::server;
 
@@ -125,6 +125,9 @@ fn server_answers_chat_streaming_concurrent_requests_and_metrics() {
     assert_eq!(counter(&metrics_text, "vllm:num_requests_running"), 0.0, "{metrics_text}");
 }
 
+/// The seed of the tiny pair the test servers serve.
+const SERVER_MODEL_SEED: u64 = 31;
+
 /// `verdict serve` over a tiny generated target/draft pair (lossless, γ 3), on a loopback
 /// port, with its runtime and engine kept alive as long as the value.
 struct TestServer {
@@ -141,7 +144,12 @@ impl TestServer {
 
     /// [`Self::start`] with `[server]`'s admission changed by `configure`.
     fn start_with(dir: &Path, max_seqs: usize, configure: impl FnOnce(&mut server::ServeOptions)) -> Self {
-        tiny_pair(dir, &spec(TinyArch::Qwen2, 31), 0.2);
+        Self::start_model(dir, max_seqs, &spec(TinyArch::Qwen2, SERVER_MODEL_SEED), configure)
+    }
+
+    /// [`Self::start_with`] over a tiny pair of the given spec.
+    fn start_model(dir: &Path, max_seqs: usize, model: &TinySpec, configure: impl FnOnce(&mut server::ServeOptions)) -> Self {
+        tiny_pair(dir, model, 0.2);
         let config = config(dir, 3, "exact", 16);
         let models = LoadedModels::load(&config).unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -204,19 +212,7 @@ fn a_client_that_hangs_up_streaming_or_not_frees_its_sequence() {
     let server = TestServer::start(dir.path(), 1);
     let client = reqwest::blocking::Client::new();
     let emitted = || counter(&server.metrics(&client), "verdict_spec_decode_num_emitted_tokens_total");
-    // A prompt whose greedy answer runs long (a random model ends most answers soon), read
-    // to its end: how long the abandoned request would run.
-    let (long, whole) = (1..=40)
-        .find_map(|first| {
-            let mut body = chat_body(&words(&[first, 3, 1, 4]), false);
-            body["max_tokens"] = json!(LONG_ANSWER_TOKENS);
-            let before = emitted();
-            let (status, text) = post(&client, server.addr, &body);
-            assert_eq!(status, 200, "{text}");
-            let whole = emitted() - before;
-            (whole >= LONG_ANSWER_TOKENS as f64 * 0.8).then_some((body, whole))
-        })
-        .expect("no prompt of the tiny model answers at length: the test needs a long answer");
+    let (long, whole) = long_answer(&server, &client);
 
     for streaming in [true, false] {
         let before = emitted();
@@ -264,6 +260,97 @@ fn a_client_that_hangs_up_streaming_or_not_frees_its_sequence() {
 
 /// Tokens asked of the abandoned request: its whole answer takes ≈ 100 verify steps.
 const LONG_ANSWER_TOKENS: usize = 400;
+
+/// A request whose greedy answer runs long (a random model ends most answers soon), and
+/// the tokens its answer takes, read to its end.
+fn long_answer(server: &TestServer, client: &reqwest::blocking::Client) -> (Value, f64) {
+    let emitted = || counter(&server.metrics(client), "verdict_spec_decode_num_emitted_tokens_total");
+    (1..=40)
+        .find_map(|first| {
+            let mut body = chat_body(&words(&[first, 3, 1, 4]), false);
+            body["max_tokens"] = json!(LONG_ANSWER_TOKENS);
+            let before = emitted();
+            let (status, text) = post(client, server.addr, &body);
+            assert_eq!(status, 200, "{text}");
+            let whole = emitted() - before;
+            (whole >= LONG_ANSWER_TOKENS as f64 * 0.8).then_some((body, whole))
+        })
+        .expect("no prompt of the tiny model answers at length: the test needs a long answer")
+}
+
+/// Requests beyond the engine's batch wait in its queue, and /metrics counts them apart
+/// from the running ones, back at zero once all are answered.
+#[test]
+fn requests_beyond_the_batch_are_counted_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path(), 1);
+    let client = reqwest::blocking::Client::new();
+    let (long, _) = long_answer(&server, &client);
+    let gauges = || {
+        let page = server.metrics(&client);
+        (counter(&page, "vllm:num_requests_running"), counter(&page, "vllm:num_requests_waiting"))
+    };
+    let mut seen = Vec::new();
+    std::thread::scope(|scope| {
+        let senders: Vec<_> = (0..3)
+            .map(|_| {
+                let (client, long) = (client.clone(), long.clone());
+                scope.spawn(move || post(&client, server.addr, &long).0)
+            })
+            .collect();
+        while !senders.iter().all(|s| s.is_finished()) {
+            seen.push(gauges());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        for s in senders {
+            assert_eq!(s.join().unwrap(), 200);
+        }
+    });
+    // One runs at a time: at some moment one ran and two waited.
+    assert!(seen.contains(&(1.0, 2.0)), "running and waiting seen: {seen:?}");
+    assert!(seen.iter().all(|&(_, waiting)| waiting <= 2.0), "{seen:?}");
+    assert_eq!(gauges(), (0.0, 0.0));
+}
+
+/// An answer that stops inside a multi-byte character (its last token is half of one)
+/// still streams its final chunk, with its finish reason and usage, and `[DONE]`. Upstream
+/// held back text ending in a partial character until more came, and none came.
+#[test]
+fn a_stream_that_ends_inside_a_character_still_ends() {
+    // The tiny target's first answer word to some prompt, with the usual vocabulary.
+    let (prompt, first_word) = {
+        let dir = tempfile::tempdir().unwrap();
+        let server = TestServer::start(dir.path(), 1);
+        let client = reqwest::blocking::Client::new();
+        (1..=40)
+            .find_map(|i| {
+                let ids = [i, 5];
+                let mut body = chat_body(&words(&ids), false);
+                body["max_tokens"] = json!(1);
+                let (status, text) = post(&client, server.addr, &body);
+                assert_eq!(status, 200, "{text}");
+                word_index(content(&text).trim()).filter(|w| !ids.contains(w)).map(|w| (words(&ids), w))
+            })
+            .expect("the tiny target never answers a word first")
+    };
+    // The same weights, with that word's token half a character: the answer stops inside it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut half = spec(TinyArch::Qwen2, SERVER_MODEL_SEED);
+    half.half_character_word = Some(first_word);
+    let server = TestServer::start_model(dir.path(), 1, &half, |_| {});
+    let client = reqwest::blocking::Client::new();
+    let mut body = chat_body(&prompt, true);
+    body["max_tokens"] = json!(1);
+    let (status, stream) = post(&client, server.addr, &body);
+    assert_eq!(status, 200, "{stream}");
+    let events: Vec<&str> = stream.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{stream}");
+    let chunks: Vec<Value> = events.iter().filter(|e| **e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "\u{FFFD}", "{stream}");
+    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "length"), "{stream}");
+    assert!(chunks.iter().any(|c| c["usage"]["completion_tokens"] == 1), "{stream}");
+}
 
 /// What OpenAI clients expect: responses name the served model (streamed or not), an
 /// out-of-range sampling value is a 400 naming the field, an unknown model a 404.
@@ -364,6 +451,8 @@ fn the_server_serves_its_routes_only_and_refuses_what_it_cannot_serve() {
         (with("top_logprobs", json!(25)), "top_logprobs"),
         (with("response_format", json!({"type": "json_object"})), "response_format"),
         (with("n", json!(3)), "n"),
+        (with("logit_bias", json!({"9": 50})), "logit_bias"),
+        (with("frequency_penalty", json!(0.5)), "frequency_penalty"),
         // The tiny target's context is 512 tokens.
         (messages(json!([{"role": "user", "content": words(&[3; 600])}])), "messages"),
         (with("max_tokens", json!(505)), "max_tokens"),

@@ -179,7 +179,8 @@ fn check_sampling(body: &Value, policy: &RequestPolicy) -> Result<(), Refusal> {
 }
 
 /// Fields whose features this server does not offer: refused rather than ignored.
-const REFUSED_FIELDS: [(&str, &str); 6] = [
+const REFUSED_FIELDS: [(&str, &str); 7] = [
+    ("logit_bias", "`logit_bias` is not applied by the engine (mistral.rs 0.8.1's sampler ignores it): refused rather than ignored"),
     ("web_search_options", "web search is not offered: nothing a request names is fetched"),
     ("tools", "tool calling is not offered by this server"),
     ("tool_choice", "tool calling is not offered by this server"),
@@ -187,6 +188,23 @@ const REFUSED_FIELDS: [(&str, &str); 6] = [
     ("suffix", "`suffix` (insertion) is not offered by this server"),
     ("dry_multiplier", "DRY sampling is not offered by this server"),
 ];
+
+/// Penalties and their neutral values. The accept rules judge drafts against the target's
+/// own distribution, so a penalty would be silently dropped on a speculative engine.
+const PENALTIES: [(&str, f64); 3] = [("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)];
+
+fn check_no_penalties(body: &Value) -> Result<(), Refusal> {
+    for (field, neutral) in PENALTIES {
+        match body.get(field) {
+            None | Some(Value::Null) => {}
+            Some(v) if v.as_f64() == Some(neutral) => {}
+            Some(v) => {
+                return Err(bad(field, format!("`{field}` = {v} is not applied by this speculative engine's accept rule, so it would be ignored; a plain engine (`speculative.enabled = false`) applies it")));
+            }
+        }
+    }
+    Ok(())
+}
 
 const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
@@ -246,6 +264,9 @@ pub fn prepare_request(body: &mut Value, route: Route, policy: &RequestPolicy) -
     });
     if let (Some(field), true) = (constrains, policy.speculative) {
         return Err(bad(field, format!("`{field}` constrains decoding, which this speculative engine does not do yet: the accept rule would not respect it")));
+    }
+    if policy.speculative {
+        check_no_penalties(body)?;
     }
     match route {
         Route::Chat => check_messages(body)?,
@@ -468,6 +489,9 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}}), "response_format"),
             (json!({"messages": [{"role": "user", "content": "a"}], "grammar": {"type": "regex", "value": "a+"}}), "grammar"),
             (json!({"messages": [{"role": "user", "content": "a"}], "tools": []}), "tools"),
+            (json!({"messages": [{"role": "user", "content": "a"}], "logit_bias": {"5": 10}}), "logit_bias"),
+            (json!({"messages": [{"role": "user", "content": "a"}], "frequency_penalty": 0.5}), "frequency_penalty"),
+            (json!({"messages": [{"role": "user", "content": "a"}], "repetition_penalty": 1.2}), "repetition_penalty"),
         ] {
             let refusal = prepare_request(&mut body, Route::Chat, &policy).unwrap_err();
             assert_eq!((refusal.status, refusal.param.as_str()), (StatusCode::BAD_REQUEST, param), "{body}: {}", refusal.message);
@@ -478,6 +502,11 @@ mod tests {
         let plain = RequestPolicy { speculative: false, ..policy };
         let mut body = json!({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}});
         assert_eq!(prepare_request(&mut body, Route::Chat, &plain), Ok(()));
+        // Penalties: applied by a plain engine; neutral values pass a speculative one.
+        let mut body = json!({"messages": [{"role": "user", "content": "a"}], "presence_penalty": 0.7});
+        assert_eq!(prepare_request(&mut body, Route::Chat, &plain), Ok(()));
+        let mut body = json!({"messages": [{"role": "user", "content": "a"}], "presence_penalty": 0, "repetition_penalty": 1.0});
+        assert_eq!(prepare_request(&mut body, Route::Chat, &RequestPolicy::lenient("verdict")), Ok(()));
     }
 
     #[test]

@@ -116,15 +116,17 @@ impl RequestMetrics {
         }
     }
 
-    /// Prometheus text.
-    pub fn render_prometheus(&self) -> String {
+    /// Prometheus text; `waiting`: requests the engine's scheduler holds queued, which
+    /// count among the requests in flight but not as running.
+    pub fn render_prometheus(&self, waiting: u64) -> String {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut out = String::from("# TYPE verdict_http_requests_total counter\n");
         for (class, label) in [(2, "2xx"), (4, "4xx"), (5, "5xx")] {
             out.push_str(&format!("verdict_http_requests_total{{status=\"{label}\"}} {}\n", load(&self.by_status[class])));
         }
         out.push_str(&format!("# TYPE vllm:request_success_total counter\nvllm:request_success_total {}\n", load(&self.by_status[2])));
-        out.push_str(&format!("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n", load(&self.running)));
+        out.push_str(&format!("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n", load(&self.running).saturating_sub(waiting)));
+        out.push_str(&format!("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {waiting}\n"));
         out.push_str(&format!("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total {}\n", load(&self.prompt_tokens)));
         out.push_str(&format!("# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total {}\n", load(&self.generation_tokens)));
         self.e2e.render("vllm:e2e_request_latency_seconds", &mut out);
@@ -235,7 +237,7 @@ mod tests {
         assert_eq!(done, Finished { seconds: 2.0, first_token_seconds: Some(1.5), prompt_tokens: 12, completion_tokens: 5 });
         let metrics = RequestMetrics::default();
         metrics.record(done);
-        let text = metrics.render_prometheus();
+        let text = metrics.render_prometheus(0);
         assert!(text.contains("vllm:prompt_tokens_total 12\n") && text.contains("vllm:generation_tokens_total 5\n"), "{text}");
         // 0.5 s for the 4 tokens after the first.
         assert!(text.contains("vllm:time_per_output_token_seconds_sum 0.125\n"), "{text}");
@@ -247,6 +249,9 @@ mod tests {
     fn a_stream_is_counted_when_it_ends_with_its_first_token_and_usage() {
         let metrics = Arc::new(RequestMetrics::default());
         metrics.running.fetch_add(1, Ordering::Relaxed);
+        // In flight, and queued in the engine: waiting, not running.
+        let text = metrics.render_prometheus(1);
+        assert!(text.contains("vllm:num_requests_running 0\n") && text.contains("vllm:num_requests_waiting 1\n"), "{text}");
         let mut watched = WatchedStream { metrics: metrics.clone(), started: Instant::now(), pending: Vec::new(), done: Finished::default() };
         // The role event carries no text: not the first token. Events split across chunks.
         watched.push(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choices\":[{\"del");
@@ -254,7 +259,7 @@ mod tests {
         watched.push(b"ta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n");
         assert!(watched.done.first_token_seconds.is_some());
         drop(watched);
-        let text = metrics.render_prometheus();
+        let text = metrics.render_prometheus(0);
         assert!(text.contains("vllm:num_requests_running 0\n"), "{text}");
         assert!(text.contains("vllm:prompt_tokens_total 7\n") && text.contains("vllm:generation_tokens_total 3\n"), "{text}");
         assert!(text.contains("vllm:time_to_first_token_seconds_count 1\n") && text.contains("vllm:time_per_output_token_seconds_count 1\n"), "{text}");

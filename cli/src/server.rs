@@ -27,6 +27,7 @@ use hyper_util::{
     server::{conn::auto::Builder, graceful::GracefulShutdown},
     service::TowerToHyperService,
 };
+use mistralrs_core::MistralRs;
 use mistralrs_server_core::{chat_completion::chatcompletions, completions::completions};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -91,6 +92,7 @@ pub async fn router(engine: &Engine, metrics: Arc<Metrics>, options: &ServeOptio
         .layer(axum::middleware::from_fn_with_state(policy, openai_conventions::enforce))
         .layer(axum::middleware::from_fn_with_state(counters.clone(), request_metrics::count_requests));
     let mistralrs = engine.mistralrs.clone();
+    let engine_for_metrics = engine.mistralrs.clone();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let router = Router::new()
         .merge(completions_routes)
@@ -115,9 +117,10 @@ pub async fn router(engine: &Engine, metrics: Arc<Metrics>, options: &ServeOptio
             "/metrics",
             get(move || {
                 let (metrics, counters) = (metrics.clone(), counters.clone());
+                let waiting = queued_requests(&engine_for_metrics);
                 async move {
                     let mut text = metrics.render_prometheus();
-                    text.push_str(&counters.render_prometheus());
+                    text.push_str(&counters.render_prometheus(waiting));
                     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
                 }
             }),
@@ -128,6 +131,11 @@ pub async fn router(engine: &Engine, metrics: Arc<Metrics>, options: &ServeOptio
         Some(cors) => router.layer(cors),
         None => router,
     })
+}
+
+/// Requests queued in the engine's scheduler, not yet running (mistral.rs `0031`).
+fn queued_requests(mistralrs: &MistralRs) -> u64 {
+    mistralrs.get_logger(None).map_or(0, |logger| logger.scheduler_counts().1 as u64)
 }
 
 /// CORS for the listed origins; none listed: no CORS headers, so browsers refuse pages of

@@ -5,10 +5,7 @@
 
 use std::{
     collections::HashSet,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, RwLock,
-    },
+    sync::{Arc, Mutex, RwLock},
     time::Instant,
 };
 
@@ -32,9 +29,9 @@ pub struct VerdictRule {
     step_log: Mutex<Option<Vec<StepReport>>>,
     /// Sequences past their first step; the first verify forward also processes the prompt.
     running: Mutex<HashSet<usize>>,
-    /// Steps decided but not yet reported: mistral.rs answers a request while committing
-    /// its last tokens, a moment before that step's report arrives.
-    steps_in_flight: AtomicUsize,
+    /// Sequences whose step is decided but not yet reported: mistral.rs answers a request
+    /// while committing its last tokens, a moment before that step's report arrives.
+    steps_in_flight: Mutex<HashSet<usize>>,
 }
 
 impl VerdictRule {
@@ -45,7 +42,7 @@ impl VerdictRule {
             metrics,
             step_log: Mutex::new(None),
             running: Mutex::new(HashSet::new()),
-            steps_in_flight: AtomicUsize::new(0),
+            steps_in_flight: Mutex::new(HashSet::new()),
         }
     }
 
@@ -80,7 +77,7 @@ impl VerdictRule {
     /// a response include its last step.
     pub async fn settle(&self) {
         for _ in 0..2000 {
-            if self.steps_in_flight.load(Ordering::Acquire) == 0 {
+            if self.steps_in_flight.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
@@ -118,7 +115,6 @@ impl AcceptRule for VerdictRule {
 
     fn accept(&self, ctx: &VerifyContext<'_>) -> candle_core::Result<AcceptDecision> {
         let start = Instant::now();
-        self.steps_in_flight.fetch_add(1, Ordering::AcqRel);
         let stack = self.stack();
         let view = StepView::new(ctx).map_err(to_candle)?;
         let mut rng = self.rng();
@@ -152,15 +148,27 @@ impl AcceptRule for VerdictRule {
             .insert(ctx.seq_id);
         self.metrics
             .record_timing(ctx.draft_time, ctx.verify_time, start.elapsed(), prefill);
+        self.steps_in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ctx.seq_id);
         Ok(decision)
+    }
+
+    fn forget(&self, seq_id: usize) {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&seq_id);
+        self.steps_in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&seq_id);
     }
 
     fn observe(&self, report: &StepReport) {
         self.metrics.record_step(report);
-        // Saturating: a step whose accept() failed is never reported, and vice versa.
-        let _ = self
-            .steps_in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        self.steps_in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&report.seq_id);
         if report.finished {
             self.running
                 .lock()

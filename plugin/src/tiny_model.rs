@@ -27,6 +27,10 @@ pub struct TinySpec {
     /// Make the model emit the EOS token `<|im_end|>` wherever it would emit this word, so
     /// a test can place an EOS mid-sequence. `None`: EOS is `<|endoftext|>`.
     pub eos_word: Option<usize>,
+    /// Make this word's token the byte 0xC3 alone (`Ã` under the byte-level decoder): the
+    /// first half of a two-byte character, so a test can end an answer inside a character.
+    /// The weights do not change: the model emits the token where it emitted the word.
+    pub half_character_word: Option<usize>,
 }
 
 impl TinySpec {
@@ -41,6 +45,7 @@ impl TinySpec {
             words: 56,
             seed,
             eos_word: None,
+            half_character_word: None,
         }
     }
 }
@@ -84,7 +89,10 @@ pub fn vocab(spec: &TinySpec) -> Vec<String> {
         .iter()
         .chain(ROLES.iter())
         .map(|s| s.to_string())
-        .chain((0..spec.words).map(|i| format!("Ġ{}", word(i))))
+        .chain((0..spec.words).map(|i| match spec.half_character_word {
+            Some(w) if w == i => "Ã".to_string(),
+            _ => format!("Ġ{}", word(i)),
+        }))
         .collect()
 }
 
