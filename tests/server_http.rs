@@ -132,8 +132,11 @@ const SERVER_MODEL_SEED: u64 = 31;
 /// port, with its runtime and engine kept alive as long as the value.
 struct TestServer {
     addr: SocketAddr,
-    _engine: Engine,
-    _runtime: tokio::runtime::Runtime,
+    engine: Engine,
+    /// Sent (or dropped): the server stops as on SIGTERM.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl TestServer {
@@ -154,7 +157,8 @@ impl TestServer {
         let models = LoadedModels::load(&config).unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let metrics = Arc::new(Metrics::default());
-        let (addr, engine) = runtime.block_on(async {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, engine, served) = runtime.block_on(async {
             let engine = Engine::speculative(
                 &models,
                 3,
@@ -171,13 +175,18 @@ impl TestServer {
             let router = server::router(&engine, metrics.clone(), &options).await.unwrap();
             let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
             let addr = listener.local_addr().unwrap();
-            tokio::spawn(async move { server::serve(router, listener, std::future::pending(), &options).await });
-            (addr, engine)
+            let stop_signal = async move {
+                let _ = stopped.await;
+            };
+            let served = tokio::spawn(async move { server::serve(router, listener, stop_signal, &options).await });
+            (addr, engine, served)
         });
         Self {
             addr,
-            _engine: engine,
-            _runtime: runtime,
+            engine,
+            stop: Some(stop),
+            served,
+            runtime,
         }
     }
 
@@ -255,6 +264,12 @@ fn a_client_that_hangs_up_streaming_or_not_frees_its_sequence() {
             after_hang_up < whole / 2.0,
             "streaming {streaming}: {after_hang_up} tokens decoded after the hang-up and the next request; the abandoned answer alone is {whole}"
         );
+        // The abandoned request no longer counts as running.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while counter(&server.metrics(&client), "vllm:num_requests_running") != 0.0 {
+            assert!(std::time::Instant::now() < deadline, "streaming {streaming}: the abandoned request still counts as running");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 
@@ -310,6 +325,86 @@ fn requests_beyond_the_batch_are_counted_waiting() {
     assert!(seen.contains(&(1.0, 2.0)), "running and waiting seen: {seen:?}");
     assert!(seen.iter().all(|&(_, waiting)| waiting <= 2.0), "{seen:?}");
     assert_eq!(gauges(), (0.0, 0.0));
+}
+
+/// Stopping (SIGTERM's path): new connections are refused at once, while the streams in
+/// flight (one decoding, three queued behind it, one sequence at a time) still run to
+/// their `[DONE]`; then `serve` returns.
+#[test]
+fn stopping_refuses_new_connections_and_lets_requests_in_flight_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start(dir.path(), 1);
+    let client = reqwest::blocking::Client::new();
+    let (mut long, _) = long_answer(&server, &client);
+    long["stream"] = json!(true);
+    let body = long.to_string();
+    let streams: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+            write!(
+                stream,
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                server.addr,
+                body.len()
+            )
+            .unwrap();
+            stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+            stream
+        })
+        .collect();
+    // The first answer is under way (two events read); the others queue behind it.
+    let mut first = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while String::from_utf8_lossy(&first).matches("data: ").count() < 2 {
+        let n = (&streams[0]).read(&mut buffer).unwrap();
+        assert!(n > 0, "the server closed the stream: {}", String::from_utf8_lossy(&first));
+        first.extend_from_slice(&buffer[..n]);
+    }
+
+    server.stop.take().unwrap().send(()).unwrap();
+    let readers: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut stream)| {
+            let mut received = if i == 0 { first.clone() } else { Vec::new() };
+            std::thread::spawn(move || {
+                stream.read_to_end(&mut received).unwrap();
+                (String::from_utf8_lossy(&received).to_string(), std::time::Instant::now())
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::net::TcpStream::connect(server.addr).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "a stopping server still accepts connections");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let refused_at = std::time::Instant::now();
+    let finished: Vec<(String, std::time::Instant)> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    for (text, _) in &finished {
+        assert!(text.contains("data: [DONE]"), "{}", &text[text.len().saturating_sub(500)..]);
+    }
+    let last_done = finished.iter().map(|(_, at)| *at).max().unwrap();
+    assert!(refused_at < last_done, "new connections were refused only once the streams in flight had ended");
+    let (runtime, served) = (&server.runtime, &mut server.served);
+    let served = runtime.block_on(async move { tokio::time::timeout(std::time::Duration::from_secs(10), served).await });
+    assert!(matches!(served, Ok(Ok(Ok(())))), "serve did not return once the streams ended");
+}
+
+/// `/health` fails once the engine thread is gone.
+#[test]
+fn health_fails_once_the_engine_thread_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path(), 1);
+    let client = reqwest::blocking::Client::new();
+    let health = || send(&client, client.get(format!("http://{}/health", server.addr))).0;
+    assert_eq!(health(), 200);
+    let sender = server.engine.mistralrs.get_sender(None).unwrap();
+    server.runtime.block_on(sender.send(mistralrs_core::Request::Terminate)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while health() != 503 {
+        assert!(std::time::Instant::now() < deadline, "/health still answers OK with the engine thread gone");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// An answer that stops inside a multi-byte character (its last token is half of one)

@@ -194,10 +194,13 @@ fn a_soak_of_mixed_clients_answers_every_good_request_and_leaks_nothing() {
     let end = resident_kib();
     // Abandoned sequences finish or are dropped; then nothing is left.
     let settled = Instant::now();
-    while (lookup.live_sequences() > 0) && settled.elapsed() < Duration::from_secs(30) {
+    let metrics_page = || client.get(format!("http://{addr}/metrics")).send().unwrap().text().unwrap();
+    let running = |page: &str| page.lines().find_map(|l| l.strip_prefix("vllm:num_requests_running ")).map(|v| v.trim().to_string());
+    while (lookup.live_sequences() > 0 || running(&metrics_page()).as_deref() != Some("0")) && settled.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let metrics_page = client.get(format!("http://{addr}/metrics")).send().unwrap().text().unwrap();
+    eprintln!("settled {:.1} s after the last client", settled.elapsed().as_secs_f64());
+    let metrics_page = metrics_page();
     let tally = tally.into_inner().unwrap();
     let warm = warm.into_inner().unwrap().unwrap_or(end);
     eprintln!("soak of {seconds} s: sent {:?}; by (kind, status) {:?}; resident {warm} KiB after warm-up, {end} KiB at the end", tally.sent, tally.by_status);
@@ -215,6 +218,5 @@ fn a_soak_of_mixed_clients_answers_every_good_request_and_leaks_nothing() {
     assert!(tally.sent.get("good").copied().unwrap_or(0) >= CLIENTS as u64, "too few good requests: {:?}", tally.sent);
     assert!(end <= warm + warm / 5 + 32 * 1024, "resident memory grew from {warm} KiB after warm-up to {end} KiB");
     assert_eq!(lookup.live_sequences(), 0, "sequences left with proposer state");
-    let running = metrics_page.lines().find_map(|l| l.strip_prefix("vllm:num_requests_running ")).map(|v| v.trim().to_string());
-    assert_eq!(running.as_deref(), Some("0"), "{metrics_page}");
+    assert_eq!(running(&metrics_page).as_deref(), Some("0"), "{metrics_page}");
 }

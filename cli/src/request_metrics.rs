@@ -156,9 +156,27 @@ fn finished_answer(body: &[u8], seconds: f64) -> Finished {
     }
 }
 
+/// One request counted as running from its arrival until it is answered, its stream ends,
+/// or its client leaves: hyper then drops the request's future, and this guard with it.
+struct InFlight(Arc<RequestMetrics>);
+
+impl InFlight {
+    fn new(metrics: Arc<RequestMetrics>) -> Self {
+        metrics.running.fetch_add(1, Ordering::Relaxed);
+        Self(metrics)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A stream under way: when its first token came, and the usage its last event carried.
 struct WatchedStream {
     metrics: Arc<RequestMetrics>,
+    _in_flight: InFlight,
     started: Instant,
     pending: Vec<u8>,
     done: Finished,
@@ -188,20 +206,19 @@ impl Drop for WatchedStream {
     fn drop(&mut self) {
         self.done.seconds = self.started.elapsed().as_secs_f64();
         self.metrics.record(self.done);
-        self.metrics.running.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// Axum middleware over the completion routes.
 pub async fn count_requests(State(metrics): State<Arc<RequestMetrics>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    metrics.running.fetch_add(1, Ordering::Relaxed);
+    let in_flight = InFlight::new(metrics.clone());
     let response = next.run(request).await;
     metrics.record_status(response.status());
     let is_stream = response.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
     let (parts, body) = response.into_parts();
     if is_stream {
-        let mut watched = WatchedStream { metrics: metrics.clone(), started, pending: Vec::new(), done: Finished::default() };
+        let mut watched = WatchedStream { metrics: metrics.clone(), _in_flight: in_flight, started, pending: Vec::new(), done: Finished::default() };
         let stream = body.into_data_stream().map(move |chunk| {
             if let Ok(bytes) = &chunk {
                 watched.push(bytes);
@@ -212,17 +229,14 @@ pub async fn count_requests(State(metrics): State<Arc<RequestMetrics>>, request:
     }
     let bytes = match to_bytes(body, crate::openai_conventions::MAX_RESPONSE_BYTES).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            metrics.running.fetch_sub(1, Ordering::Relaxed);
-            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-        }
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     };
     let seconds = started.elapsed().as_secs_f64();
     match parts.status.is_success() {
         true => metrics.record(finished_answer(&bytes, seconds)),
         false => metrics.e2e.observe(seconds),
     }
-    metrics.running.fetch_sub(1, Ordering::Relaxed);
+    drop(in_flight);
     Response::from_parts(parts, Body::from(bytes))
 }
 
@@ -248,11 +262,11 @@ mod tests {
     #[test]
     fn a_stream_is_counted_when_it_ends_with_its_first_token_and_usage() {
         let metrics = Arc::new(RequestMetrics::default());
-        metrics.running.fetch_add(1, Ordering::Relaxed);
+        let in_flight = InFlight::new(metrics.clone());
         // In flight, and queued in the engine: waiting, not running.
         let text = metrics.render_prometheus(1);
         assert!(text.contains("vllm:num_requests_running 0\n") && text.contains("vllm:num_requests_waiting 1\n"), "{text}");
-        let mut watched = WatchedStream { metrics: metrics.clone(), started: Instant::now(), pending: Vec::new(), done: Finished::default() };
+        let mut watched = WatchedStream { metrics: metrics.clone(), _in_flight: in_flight, started: Instant::now(), pending: Vec::new(), done: Finished::default() };
         // The role event carries no text: not the first token. Events split across chunks.
         watched.push(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choices\":[{\"del");
         assert_eq!(watched.done.first_token_seconds, None);

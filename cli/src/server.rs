@@ -265,6 +265,8 @@ pub async fn serve(router: Router, listener: TcpListener, stop: impl Future<Outp
             drop(slot);
         });
     }
+    // Closed now, so new connections are refused instead of queueing unanswered.
+    drop(listener);
     tracing::info!("stopping: no new connections; requests in flight have {} s to finish", options.shutdown_grace.as_secs());
     if tokio::time::timeout(options.shutdown_grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("requests still in flight after {} s were dropped", options.shutdown_grace.as_secs());
