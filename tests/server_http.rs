@@ -390,26 +390,41 @@ fn stopping_refuses_new_connections_and_lets_requests_in_flight_finish() {
     assert!(matches!(served, Ok(Ok(Ok(())))), "serve did not return once the streams ended");
 }
 
-/// `/health` fails once the engine thread is gone.
+/// A stopped engine thread: mistral.rs starts a new one on the next request for a sender,
+/// so `/health` (which asks for one) answers 503 only while no engine thread can serve,
+/// and the server answers again after. Upstream's rebooted engine kept its pipeline; this
+/// checks the speculative one still decodes.
 #[test]
-fn health_fails_once_the_engine_thread_is_gone() {
+fn a_stopped_engine_thread_is_restarted_and_serves() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path(), 1);
     let client = reqwest::blocking::Client::new();
     let health = || send(&client, client.get(format!("http://{}/health", server.addr))).0;
     assert_eq!(health(), 200);
+    let prompt = words(&[4, 5, 6]);
+    let (status, before) = post(&client, server.addr, &chat_body(&prompt, false));
+    assert_eq!(status, 200, "{before}");
     let sender = server.engine.mistralrs.get_sender(None).unwrap();
     server.runtime.block_on(sender.send(mistralrs_core::Request::Terminate)).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while health() != 503 {
-        assert!(std::time::Instant::now() < deadline, "/health still answers OK with the engine thread gone");
+    while !sender.is_closed() {
+        assert!(std::time::Instant::now() < deadline, "the engine thread never stopped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match health() {
+            200 => break,
+            503 => assert!(std::time::Instant::now() < deadline, "no engine thread came back"),
+            other => panic!("/health answered {other}"),
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let (status, after) = post(&client, server.addr, &chat_body(&prompt, false));
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(content(&after), content(&before));
 }
 
-/// An answer that stops inside a multi-byte character (its last token is half of one)
-/// still streams its final chunk, with its finish reason and usage, and `[DONE]`. Upstream
-/// held back text ending in a partial character until more came, and none came.
 #[test]
 fn a_stream_that_ends_inside_a_character_still_ends() {
     // The tiny target's first answer word to some prompt, with the usual vocabulary.
