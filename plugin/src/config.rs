@@ -745,6 +745,21 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// Every config the repository ships parses, its judges and stacks checked.
+    #[test]
+    fn shipped_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut parsed = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                parsed += 1;
+            }
+        }
+        assert!(parsed >= 2, "no configs found in {}", dir.display());
+    }
+
     const MINIMAL: &str = "[models]\ntarget = \"t.gguf\"\ndraft = \"d.gguf\"\n";
 
     fn error_of(text: &str) -> String {
@@ -941,6 +956,10 @@ mod tests {
             "{MINIMAL}[[judge]]\nkind = \"dropmatch\"\ncriterion = \"vote\"\n"
         ));
         assert!(err.contains("unknown variant `vote`"), "{err}");
+        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"fly\"\nwindow = 0\n"));
+        assert!(err.contains("judge[0]") && err.contains("window must be at least 1"), "{err}");
+        let err = error_of(&format!("{MINIMAL}[[judge]]\nkind = \"fly\"\nentropy_treshold = 0.3\n"));
+        assert!(err.contains("unknown field `entropy_treshold`"), "{err}");
     }
 
     #[test]

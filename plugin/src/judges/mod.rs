@@ -5,6 +5,7 @@
 
 mod autojudge;
 mod dropmatch;
+mod fly;
 mod fsd;
 mod pad;
 
@@ -16,6 +17,7 @@ use verdict_heads::ModelFingerprint;
 
 pub use autojudge::{AutoJudge, AutoJudgeConfig};
 pub use dropmatch::{Criterion, DropMatch, DropMatchConfig};
+pub use fly::{top_k_entropy, Fly, FlyConfig, FlyCounts};
 pub use fsd::{Fsd, FsdConfig, FsdMode};
 pub use pad::{Pad, PadConfig};
 
@@ -27,7 +29,7 @@ use crate::{
 };
 
 /// Judge kinds this build knows, as written in `kind = "..."`.
-pub const KNOWN_JUDGES: &[&str] = &["fsd", "dropmatch", "autojudge", "pad"];
+pub const KNOWN_JUDGES: &[&str] = &["fsd", "dropmatch", "autojudge", "pad", "fly"];
 
 /// One `[[judge]]` table with its parameters parsed and checked.
 #[derive(Clone, Debug)]
@@ -36,6 +38,7 @@ pub enum JudgeSpec {
     DropMatch(DropMatchConfig),
     AutoJudge(AutoJudgeConfig),
     Pad(PadConfig),
+    Fly(FlyConfig),
 }
 
 /// The loaded models, for heads that must match them.
@@ -58,6 +61,7 @@ impl JudgeSpec {
             "dropmatch" => JudgeSpec::DropMatch(params(table)?),
             "autojudge" => JudgeSpec::AutoJudge(params(table)?),
             "pad" => JudgeSpec::Pad(params(table)?),
+            "fly" => JudgeSpec::Fly(params(table)?),
             other => bail!(
                 "{at}.kind = {other:?} is not a judge this build knows (known: {})",
                 KNOWN_JUDGES.join(", ")
@@ -74,6 +78,7 @@ impl JudgeSpec {
             JudgeSpec::DropMatch(c) => c.validate(),
             JudgeSpec::AutoJudge(c) => c.validate(),
             JudgeSpec::Pad(c) => c.validate(),
+            JudgeSpec::Fly(c) => c.validate(),
         }
     }
 
@@ -88,6 +93,7 @@ impl JudgeSpec {
             JudgeSpec::DropMatch(c) => Box::new(DropMatch::load(c.clone(), models)?),
             JudgeSpec::AutoJudge(c) => Box::new(AutoJudge::load(c, base_dir, models)?),
             JudgeSpec::Pad(c) => Box::new(Pad::load(c, base_dir, models)?),
+            JudgeSpec::Fly(c) => Box::new(Fly::new(c.clone())),
         })
     }
 }

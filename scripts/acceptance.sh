@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 50's acceptance runs on the real pair, answers capped at 512 tokens, modes interleaved
+# in one process per task, one resumable report per task (rerun the script to go on after an
+# interruption: problems already in a report are skipped):
+#   1. temperature 0, N0 problems (50) of each of GSM8K, HumanEval, MBPP and MATH-500: plain
+#      decoding, EAGLE `exact` with the GSM8K head and with the general head, prompt lookup,
+#      and prompt lookup with the general head;
+#   2. temperature 0.7, top-p 0.95, N1 problems (30) of each task, 2 seeds: plain sampling
+#      against BEST (the best lossless proposer of run 1) under `rejection`;
+#   3. the figures of every report.
+# Run it alone on the cores: a build or a training job beside it makes the speeds meaningless.
+# STAGE=t0 or STAGE=t07 runs one stage only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+verdict="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}/release/verdict"
+[ -x "$verdict" ] || { echo "build first: cargo build --release --workspace --bins" >&2; exit 1; }
+[ -f heads/general-eagle3/config.json ] || { echo "no heads/general-eagle3: train it first (docs/training.md)" >&2; exit 1; }
+stage="${STAGE:-all}"
+best="${BEST:-ngram+eagle@general}"
+if [ "$stage" = all ] || [ "$stage" = t0 ]; then
+  "$verdict" bench --config configs/tasks.toml --suite "${N0:-50}" --max-tokens 512 \
+    --modes plain,eagle@gsm8k:exact,eagle@general:exact,ngram:exact,ngram+eagle@general:exact \
+    --out bench-results/suite-t0.json
+fi
+if [ "$stage" = all ] || [ "$stage" = t07 ]; then
+  "$verdict" bench --config configs/tasks.toml --suite "${N1:-30}" --max-tokens 512 \
+    --temperature 0.7 --top-p 0.95 --seeds 2 \
+    --modes "plain,$best:rejection" --out bench-results/suite-t07.json
+fi
+for report in bench-results/suite-t0-*.json bench-results/suite-t07-*.json; do
+  [ -f "$report" ] && "$verdict" plot "$report" --out "${report%.json}"
+done
