@@ -10,7 +10,7 @@ use std::{
     sync::Arc,
 };
 
-use common::{config, spec, tiny_pair};
+use common::{config, counter, raw_chat_request, read_two_events, spec, tiny_pair};
 use serde_json::{json, Value};
 use verdict::{
     engine::{Engine, LoadedModels},
@@ -201,16 +201,6 @@ impl TestServer {
     }
 }
 
-/// The value of a Prometheus counter or gauge on a /metrics page.
-fn counter(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
-        .parse()
-        .unwrap()
-}
-
 /// A client that hangs up, streaming (after its first chunks) or not (while its answer is
 /// decoded): the server must stop decoding for it. With one sequence at a time, a request sent after the hang-up runs only
 /// once the abandoned one is gone, so the tokens decoded meanwhile say whether it was freed
@@ -227,24 +217,9 @@ fn a_client_that_hangs_up_streaming_or_not_frees_its_sequence() {
         let before = emitted();
         let mut long = long.clone();
         long["stream"] = json!(streaming);
-        let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
-        let body = long.to_string();
-        write!(
-            stream,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            server.addr,
-            body.len()
-        )
-        .unwrap();
+        let stream = raw_chat_request(server.addr, &long);
         if streaming {
-            // Two events read: the answer is under way.
-            let mut received = Vec::new();
-            let mut buffer = [0u8; 4096];
-            while String::from_utf8_lossy(&received).matches("data: ").count() < 2 {
-                let n = stream.read(&mut buffer).unwrap();
-                assert!(n > 0, "the server closed the stream: {}", String::from_utf8_lossy(&received));
-                received.extend_from_slice(&buffer[..n]);
-            }
+            read_two_events(&stream);
         } else {
             // Nothing arrives before a whole answer: wait until the engine is decoding it.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -305,14 +280,23 @@ fn requests_beyond_the_batch_are_counted_waiting() {
         let page = server.metrics(&client);
         (counter(&page, "vllm:num_requests_running"), counter(&page, "vllm:num_requests_waiting"))
     };
+    let emitted = || counter(&server.metrics(&client), "verdict_spec_decode_num_emitted_tokens_total");
     let mut seen = Vec::new();
     std::thread::scope(|scope| {
-        let senders: Vec<_> = (0..3)
-            .map(|_| {
-                let (client, long) = (client.clone(), long.clone());
-                scope.spawn(move || post(&client, server.addr, &long).0)
-            })
-            .collect();
+        let send = || {
+            let (client, long) = (client.clone(), long.clone());
+            scope.spawn(move || post(&client, server.addr, &long).0)
+        };
+        // The first is decoding before the others arrive: mistral.rs's scheduler admits
+        // every queued request at once when nothing runs, whatever its batch size.
+        let before = emitted();
+        let mut senders = vec![send()];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while emitted() == before {
+            assert!(std::time::Instant::now() < deadline, "the first request never started decoding");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        senders.extend([send(), send()]);
         while !senders.iter().all(|s| s.is_finished()) {
             seen.push(gauges());
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -327,9 +311,8 @@ fn requests_beyond_the_batch_are_counted_waiting() {
     assert_eq!(gauges(), (0.0, 0.0));
 }
 
-/// Stopping (SIGTERM's path): new connections are refused at once, while the streams in
-/// flight (one decoding, three queued behind it, one sequence at a time) still run to
-/// their `[DONE]`; then `serve` returns.
+/// Stopping (SIGTERM's path): new connections are refused at once, while four long
+/// streams in flight still run to their `[DONE]`; then `serve` returns.
 #[test]
 fn stopping_refuses_new_connections_and_lets_requests_in_flight_finish() {
     let dir = tempfile::tempdir().unwrap();
@@ -337,29 +320,15 @@ fn stopping_refuses_new_connections_and_lets_requests_in_flight_finish() {
     let client = reqwest::blocking::Client::new();
     let (mut long, _) = long_answer(&server, &client);
     long["stream"] = json!(true);
-    let body = long.to_string();
     let streams: Vec<std::net::TcpStream> = (0..4)
         .map(|_| {
-            let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
-            write!(
-                stream,
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                server.addr,
-                body.len()
-            )
-            .unwrap();
+            let stream = raw_chat_request(server.addr, &long);
             stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
             stream
         })
         .collect();
-    // The first answer is under way (two events read); the others queue behind it.
-    let mut first = Vec::new();
-    let mut buffer = [0u8; 4096];
-    while String::from_utf8_lossy(&first).matches("data: ").count() < 2 {
-        let n = (&streams[0]).read(&mut buffer).unwrap();
-        assert!(n > 0, "the server closed the stream: {}", String::from_utf8_lossy(&first));
-        first.extend_from_slice(&buffer[..n]);
-    }
+    // The first answer is under way (two events read).
+    let first = read_two_events(&streams[0]);
 
     server.stop.take().unwrap().send(()).unwrap();
     let readers: Vec<_> = streams

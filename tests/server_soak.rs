@@ -11,13 +11,13 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
+    io::Read,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use common::spec;
+use common::{counter, raw_chat_request, spec};
 use serde_json::{json, Value};
 use verdict::{
     config::Config,
@@ -63,9 +63,7 @@ fn answer_text(body: &str, stream: bool) -> String {
 
 /// Send `body` over a fresh connection and hang up after the first bytes of the answer.
 fn hang_up(addr: SocketAddr, body: &Value) {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    let text = body.to_string();
-    write!(stream, "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}", text.len()).unwrap();
+    let mut stream = raw_chat_request(addr, body);
     stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
     let _ = stream.read(&mut [0u8; 64]);
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -195,8 +193,8 @@ fn a_soak_of_mixed_clients_answers_every_good_request_and_leaks_nothing() {
     // Abandoned sequences finish or are dropped; then nothing is left.
     let settled = Instant::now();
     let metrics_page = || client.get(format!("http://{addr}/metrics")).send().unwrap().text().unwrap();
-    let running = |page: &str| page.lines().find_map(|l| l.strip_prefix("vllm:num_requests_running ")).map(|v| v.trim().to_string());
-    while (lookup.live_sequences() > 0 || running(&metrics_page()).as_deref() != Some("0")) && settled.elapsed() < Duration::from_secs(30) {
+    let running = |page: &str| counter(page, "vllm:num_requests_running");
+    while (lookup.live_sequences() > 0 || running(&metrics_page()) != 0.0) && settled.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("settled {:.1} s after the last client", settled.elapsed().as_secs_f64());
@@ -218,5 +216,5 @@ fn a_soak_of_mixed_clients_answers_every_good_request_and_leaks_nothing() {
     assert!(tally.sent.get("good").copied().unwrap_or(0) >= CLIENTS as u64, "too few good requests: {:?}", tally.sent);
     assert!(end <= warm + warm / 5 + 32 * 1024, "resident memory grew from {warm} KiB after warm-up to {end} KiB");
     assert_eq!(lookup.live_sequences(), 0, "sequences left with proposer state");
-    assert_eq!(running(&metrics_page).as_deref(), Some("0"), "{metrics_page}");
+    assert_eq!(running(&metrics_page), 0.0, "{metrics_page}");
 }

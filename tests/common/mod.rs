@@ -53,3 +53,41 @@ pub async fn answer_concurrently(mistralrs: &Arc<MistralRs>, prompts: &[String],
     }
     texts
 }
+
+/// The value of a Prometheus counter or gauge on a /metrics page.
+pub fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+        .parse()
+        .unwrap()
+}
+
+/// A chat completion sent by hand over a fresh connection, so a test can read at its own
+/// pace or hang up; the server closes the connection after the answer.
+pub fn raw_chat_request(addr: std::net::SocketAddr, body: &serde_json::Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let text = body.to_string();
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    )
+    .unwrap();
+    stream
+}
+
+/// Read a streamed answer until two events have arrived (it is under way); what was read.
+pub fn read_two_events(mut stream: &std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while String::from_utf8_lossy(&received).matches("data: ").count() < 2 {
+        let n = stream.read(&mut buffer).unwrap();
+        assert!(n > 0, "the server closed the stream: {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buffer[..n]);
+    }
+    received
+}
