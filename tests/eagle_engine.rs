@@ -257,7 +257,7 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
             let packed_before = mistralrs_core::packed_speculative_verifies();
             for batch in 1..=prompts.len() {
                 let verified = mistralrs_core::batched_speculative_verifies();
-                let head_batched = proposer.batched_calls();
+                let head_batched = proposer.proposer().batched_calls();
                 let (texts, steps) = concurrent_texts(&models, &config, proposer.clone(), &prompts[..batch]);
                 let what = format!("{arch:?}, {batch} at once, cut {min_confidence}/{min_first_confidence} {sv_toml}, packed {packed}");
                 if dear_rows && batch > 1 {
@@ -269,12 +269,13 @@ fn batched_eagle_steps_answer_each_sequence_as_plain_decoding() {
                 }
                 assert_eq!(texts, plain[..batch], "{what}: batched EAGLE decoding differs from plain decoding");
                 assert_cache_lengths(BaseRule::Exact, &steps);
-                assert_eq!(proposer.live_sequences(), 0, "{what}: finished sequences left drafting state behind");
+                assert_eq!(proposer.live_sequences(), 0, "{what}: finished sequences left policy state behind");
+                assert_eq!(proposer.proposer().live_sequences(), 0, "{what}: finished sequences left drafting state behind");
                 let batched = mistralrs_core::batched_speculative_verifies() - verified;
                 if batch > 1 {
                     assert!(batched > 0, "{what}: no step verified several sequences at once");
                     // The pipeline reaches the head's batched calls through the metrics wrapper.
-                    assert!(proposer.batched_calls() > head_batched, "{what}: the head never drafted for several sequences at once");
+                    assert!(proposer.proposer().batched_calls() > head_batched, "{what}: the head never drafted for several sequences at once");
                 }
                 drafted.extend(steps.iter().filter(|s| !s.finished).map(|s| s.drafted));
             }
@@ -340,7 +341,7 @@ fn prefix_cache_hits_restore_the_heads_rows_and_stay_under_the_bound() {
             texts.push(generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
             engine.settle().await;
             held.push(mistralrs_core::cpu_prefix_cache_bytes());
-            restored.push(proposer.restored_rows());
+            restored.push(proposer.proposer().restored_rows());
             if i == 0 {
                 // Room for one entry and a half: each later request evicts the one before.
                 mistralrs_core::set_cpu_prefix_cache_limit(Some(held[0] * 3 / 2));
@@ -496,8 +497,9 @@ fn repeating_prompts() -> Vec<String> {
 }
 
 /// Prompt lookup drafts point masses from the text so far, alone or sharing steps with an
-/// EAGLE head: greedy answers are plain decoding's under both lossless rules, one sequence
-/// at a time and several verified together, and no sequence's state outlives it.
+/// EAGLE head, with SV or without: greedy answers are plain decoding's under both lossless
+/// rules, one sequence at a time and several verified together, and no sequence's state
+/// outlives it.
 #[test]
 fn greedy_lossless_with_prompt_lookup_alone_or_with_the_head_is_plain_decoding() {
     let dir = tempfile::tempdir().unwrap();
@@ -511,7 +513,8 @@ fn greedy_lossless_with_prompt_lookup_alone_or_with_the_head_is_plain_decoding()
     write_frequent_tokens_head(&s, &dir.path().join("head"), &plain);
     let plain: Vec<String> = plain.into_iter().map(|r| r.text).collect();
 
-    let mut lookup_config = Config::from_toml(&eagle_toml(dir.path(), 3, "f32").replace("proposer = \"eagle\"", "proposer = \"ngram\"")).unwrap();
+    let lookup_toml = eagle_toml(dir.path(), 3, "f32").replace("proposer = \"eagle\"", "proposer = \"ngram\"");
+    let mut lookup_config = Config::from_toml(&lookup_toml).unwrap();
     lookup_config.speculative.ngram_min = 1;
     lookup_config.speculative.ngram_max = 3;
     let lookup = models.ngram_proposer(&lookup_config).unwrap();
@@ -520,19 +523,38 @@ fn greedy_lossless_with_prompt_lookup_alone_or_with_the_head_is_plain_decoding()
         let (partial, full) = outcomes(&steps);
         assert!(partial > 0 && full > 0, "{base:?}: {partial} refused and {full} kept lookup proposals");
         assert_eq!(lookup.live_sequences(), 0, "finished sequences left lookup state behind");
+        assert_eq!(lookup.proposer().live_sequences(), 0, "finished sequences left lookup state behind");
     }
+    assert!(lookup.proposer().keep_rates().rate(3) != 0.5, "no lookup draft's fate was learned");
 
-    let head = models.eagle_proposer(&lookup_config).unwrap();
-    let combined = models.combined_proposer(&lookup_config, head.clone(), 3).unwrap();
+    // SV over prompt lookup, a verify row as dear as a whole forward: a sequence alone drafts
+    // nothing, and a batch verifies nothing, since no draft pays for its row.
+    let mut dear_rows = Config::from_toml(&format!("{lookup_toml}[sv]\nenabled = true\nverify_ms = [[1, 10.0], [2, 20.0]]\n")).unwrap();
+    dear_rows.speculative = lookup_config.speculative.clone();
+    let lookup_sv = models.ngram_proposer(&dear_rows).unwrap();
+    assert!(lookup_sv.has_budget());
+    for (base, texts, steps) in speculative_texts(&models, &dear_rows, || lookup_sv.clone(), &prompts[..4]) {
+        assert_eq!(texts, plain[..4], "{base:?}: prompt lookup under SV differs from plain decoding");
+        assert!(steps.iter().all(|s| s.drafted == 0), "{base:?}: a sequence alone drafted what no row pays for");
+    }
+    let (texts, steps) = concurrent_texts(&models, &dear_rows, lookup_sv.clone(), &prompts[..4]);
+    assert_eq!(texts, plain[..4], "prompt lookup under SV, 4 sequences at once, differs from plain decoding");
+    assert_eq!(steps.iter().map(|s| s.accepted).sum::<usize>(), 0, "a batch verified drafts no row pays for");
+    assert_eq!(lookup_sv.live_sequences(), 0);
+
+    let drafting = lookup_config.eagle_drafting();
+    let head = models.eagle_head(&lookup_config, None, &drafting).unwrap();
+    let combined = models.combined_proposer(&lookup_config, head.clone(), 3, &drafting).unwrap();
     for (base, texts, _) in speculative_texts(&models, &lookup_config, || combined.clone(), &prompts) {
         assert_eq!(texts, plain, "{base:?}: lookup with the head differs from plain decoding");
     }
-    let choices = combined.choices();
+    let choices = combined.proposer().choices();
     assert!(choices.lookup > 0 && choices.head > 0, "the combined proposer never took one of its proposals: {choices:?}");
     let (texts, steps) = concurrent_texts(&models, &lookup_config, combined.clone(), &prompts[..4]);
     assert_eq!(texts, plain[..4], "lookup with the head, 4 sequences at once, differs from plain decoding");
     assert_cache_lengths(BaseRule::Exact, &steps);
     assert_eq!(head.live_sequences(), 0, "finished sequences left head state behind");
+    assert_eq!(combined.live_sequences(), 0, "finished sequences left policy state behind");
 }
 
 /// Tokens 1–3 of `runs` answers to `prompt` sampled by `engine`'s target at the config's

@@ -10,7 +10,7 @@ use verdict::{
     kernels::{ForwardThread, QuantKernel},
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
-    proposers::eagle_proposer::EagleProposer,
+    sv::policy::KeepsLearning,
 };
 use verdict_cli::{
     bench::{self, BenchOptions, Mode},
@@ -412,12 +412,12 @@ fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, 
 }
 
 /// The engine the config asks for (speculative with its judge stack, or plain), and its
-/// EAGLE proposer when it drafts with one.
+/// proposer's verify-length policy when it has one.
 async fn build_engine(
     config: &Config,
     models: &LoadedModels,
     metrics: Arc<Metrics>,
-) -> Result<(Engine, Option<Arc<EagleProposer>>)> {
+) -> Result<(Engine, Option<Arc<dyn KeepsLearning>>)> {
     let s = &config.speculative;
     if s.enabled {
         let stack = models.configured_stack(config)?;
@@ -434,13 +434,19 @@ async fn build_engine(
             }
             ProposerKind::Ngram => {
                 let proposer = models.ngram_proposer(config)?;
-                Ok((Engine::with_proposer(models, proposer, s.ngram_gamma, stack, s.seed, metrics, &config.server).await?, None))
+                let engine =
+                    Engine::with_proposer(models, proposer.clone(), s.ngram_gamma, stack, s.seed, metrics, &config.server)
+                        .await?;
+                Ok((engine, Some(proposer)))
             }
             ProposerKind::NgramEagle => {
-                let head = models.eagle_proposer(config)?;
-                let proposer = models.combined_proposer(config, head.clone(), s.gamma)?;
-                let gamma = proposer.gamma();
-                Ok((Engine::with_proposer(models, proposer, gamma, stack, s.seed, metrics, &config.server).await?, Some(head)))
+                let drafting = config.eagle_drafting();
+                let head = models.eagle_head(config, None, &drafting)?;
+                let proposer = models.combined_proposer(config, head, s.gamma, &drafting)?;
+                let gamma = proposer.proposer().gamma();
+                let engine =
+                    Engine::with_proposer(models, proposer.clone(), gamma, stack, s.seed, metrics, &config.server).await?;
+                Ok((engine, Some(proposer)))
             }
         }
     } else {
@@ -458,8 +464,8 @@ fn serve(config: &Config, port: Option<u16>) -> Result<()> {
         let router = server::router(&engine, metrics, &options).await?;
         let addr = SocketAddr::new(config.server.host, port.unwrap_or(config.server.port));
         server::serve(router, server::bind(addr).await?, server::stop_signal(), &options).await?;
-        if let Some(proposer) = proposer {
-            proposer.keep_learned_latency();
+        if let Some(policy) = proposer {
+            policy.keep_learned();
         }
         // The engine thread may be mid-step and never returns; what must outlive the
         // process is saved, so end it here, as a signal would have.

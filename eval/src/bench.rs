@@ -32,7 +32,8 @@ use verdict::{
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
-    sv::latency::VerifyLatency,
+    proposers::eagle_proposer::EagleProposer,
+    sv::{latency::VerifyLatency, policy::VerifyPolicy},
 };
 
 /// One way of decoding compared by the bench: `plain` (the target alone), or the name of
@@ -422,7 +423,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             Some((_, proposer)) => Arc::clone(proposer),
             None => {
                 let proposer = models
-                    .named_eagle_proposer(config, mode.eagle_head_name(), drafting)
+                    .eagle_head(config, mode.eagle_head_name(), drafting)
                     .with_context(|| format!("bench mode {:?}", mode.0))?;
                 built.push((key, proposer.clone()));
                 proposer
@@ -456,6 +457,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     // earlier requests, as plain decoding's does: modes sharing an engine would find each
     // problem's whole prompt cached by the mode that ran it first.
     let mut combined_proposers = BTreeMap::new();
+    let mut eagle_policies: BTreeMap<Mode, Arc<VerifyPolicy<EagleProposer>>> = BTreeMap::new();
     let (plain, speculative) = runtime.block_on(async {
         let plain = Engine::plain(&models, scheduling(options.batch)).await;
         let lossless = || JudgeStack::lossless(s.base_rule);
@@ -463,14 +465,20 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         for mode in stacks.keys() {
             let engine = match eagle_drafting.get(mode) {
                 Some(drafting) if mode.combines_lookup_and_head() => {
-                    let combined = models.combined_proposer(config, eagle_proposers[mode].clone(), drafting.gamma)?;
+                    let combined = models.combined_proposer(config, eagle_proposers[mode].clone(), drafting.gamma, drafting)?;
                     combined_proposers.insert(mode.clone(), combined.clone());
-                    let gamma = combined.gamma();
+                    let gamma = combined.proposer().gamma();
                     Engine::with_proposer(&models, combined, gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 Some(drafting) => {
-                    let proposer = eagle_proposers[mode].clone();
-                    Engine::with_proposer(&models, proposer, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                    // Modes sharing a head share its policy: it learns what the head drafts.
+                    let head = &eagle_proposers[mode];
+                    let policy = match eagle_policies.values().find(|p| Arc::ptr_eq(p.proposer(), head)) {
+                        Some(policy) => Arc::clone(policy),
+                        None => models.verify_policy(config, drafting, head.clone())?,
+                    };
+                    eagle_policies.insert(mode.clone(), policy.clone());
+                    Engine::with_proposer(&models, policy, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 None if mode.drafts_by_lookup() => {
                     Engine::with_proposer(&models, models.ngram_proposer(config)?, s.ngram_gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
@@ -660,9 +668,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     };
     let summaries = summarise(&runs, &options.modes, &*benchmark.answers());
     // T_v as each mode's proposer learned it by the end (`tvlearn`); the report has [rows, ms].
-    let learned: BTreeMap<String, VerifyLatency> = eagle_proposers
+    let learned: BTreeMap<String, VerifyLatency> = eagle_policies
         .iter()
-        .filter_map(|(mode, p)| Some((mode.name(), p.learned_latency()?.current().clone())))
+        .map(|(mode, p)| (mode, p.learned_latency()))
+        .chain(combined_proposers.iter().map(|(mode, p)| (mode, p.learned_latency())))
+        .filter_map(|(mode, learned)| Some((mode.name(), learned?.current().clone())))
         .collect();
     for (mode, latency) in &learned {
         tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", latency.describe(8));
@@ -670,7 +680,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     // Which proposal the combined modes' steps took, and what lookup drafts were kept at.
     let combined_choices: BTreeMap<String, serde_json::Value> = combined_proposers
         .iter()
-        .map(|(mode, p): (&Mode, &Arc<verdict::proposers::combined::CombinedProposer>)| {
+        .map(|(mode, p)| {
+            let p = p.proposer();
             tracing::info!("{}: steps took {:?}", mode.name(), p.choices());
             (mode.name(), serde_json::json!({"choices": p.choices(), "lookup_keep_rates": p.keep_rates()}))
         })

@@ -683,8 +683,10 @@ impl Config {
                 s.ngram_max
             );
         }
-        if self.sv.enabled && !matches!(s.proposer, ProposerKind::Eagle | ProposerKind::NgramEagle) {
-            bail!("sv.enabled = true needs speculative.proposer = \"eagle\": the head's confidences price the drafts");
+        if self.sv.enabled && s.proposer == ProposerKind::DraftModel {
+            bail!(
+                "sv.enabled = true needs speculative.proposer = \"eagle\", \"ngram\" or \"ngram+eagle\": the draft model drafts inside mistral.rs's pipeline, which SV does not wrap"
+            );
         }
         self.sv.verify_budget()?;
         let t = &self.sampling;
@@ -848,11 +850,13 @@ mod tests {
     }
 
     #[test]
-    fn sv_needs_eagle_drafts_and_a_verify_profile() {
+    fn sv_needs_a_proposer_it_wraps_and_a_verify_profile() {
         let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
         assert!(Config::from_toml(eagle).unwrap().sv.verify_budget().unwrap().is_none(), "[sv] is off by default");
         let err = error_of(&format!("{MINIMAL}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\n"));
-        assert!(err.contains("sv.enabled") && err.contains("proposer = \"eagle\""), "{err}");
+        assert!(err.contains("sv.enabled") && err.contains("proposer = \"eagle\"") && err.contains("draft model"), "{err}");
+        let lookup = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"ngram\"\n[sv]\nenabled = true\n";
+        assert!(Config::from_toml(lookup).unwrap().sv.verify_budget().unwrap().is_some(), "SV wraps prompt lookup too");
         let err = error_of(&format!("{eagle}[sv]\nenabled = true\nlearn_verify_ms = false\n"));
         assert!(err.contains("sv.verify_ms = []") && err.contains("learn_verify_ms"), "{err}");
         let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[0, 50.0]]\n"));

@@ -32,7 +32,10 @@ use crate::{
         ngram::{NgramProposer, NgramSettings},
         timed::TimedProposer,
     },
-    sv::verify_budget::VerifyBudget,
+    sv::{
+        policy::{PolicySettings, ScoredProposer, VerifyPolicy},
+        verify_budget::VerifyBudget,
+    },
 };
 
 pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
@@ -180,43 +183,53 @@ impl LoadedModels {
         }
     }
 
-    /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target.
-    /// Prompt lookup and `head` together, each step taking the proposal worth most.
-    pub fn combined_proposer(&self, config: &Config, head: Arc<EagleProposer>, head_gamma: usize) -> Result<Arc<CombinedProposer>> {
-        Ok(Arc::new(CombinedProposer::new(self.ngram_proposer(config)?, head, config.speculative.ngram_gamma, head_gamma)))
+    /// Prompt lookup and the EAGLE head `head` together, each step taking the proposal worth
+    /// most, under the verify-length policy `drafting` describes.
+    pub fn combined_proposer(
+        &self,
+        config: &Config,
+        head: Arc<EagleProposer>,
+        head_gamma: usize,
+        drafting: &EagleDrafting,
+    ) -> Result<Arc<VerifyPolicy<CombinedProposer>>> {
+        let lookup = Arc::new(self.lookup(config)?);
+        let combined = CombinedProposer::new(lookup, head, config.speculative.ngram_gamma, head_gamma);
+        self.verify_policy(config, drafting, Arc::new(combined))
     }
 
-    /// The prompt-lookup proposer `[speculative]`'s n-gram lengths describe.
-    pub fn ngram_proposer(&self, config: &Config) -> Result<Arc<NgramProposer>> {
+    /// The prompt-lookup proposer `[speculative]`'s n-gram lengths describe, under the
+    /// verify-length policy `[sv]` describes.
+    pub fn ngram_proposer(&self, config: &Config) -> Result<Arc<VerifyPolicy<NgramProposer>>> {
+        self.verify_policy(config, &config.eagle_drafting(), Arc::new(self.lookup(config)?))
+    }
+
+    fn lookup(&self, config: &Config) -> Result<NgramProposer> {
         let s = &config.speculative;
-        let settings = NgramSettings { min_n: s.ngram_min, max_n: s.ngram_max };
-        Ok(Arc::new(NgramProposer::new(settings, self.target_fingerprint.vocab_size)?))
+        NgramProposer::new(NgramSettings { min_n: s.ngram_min, max_n: s.ngram_max }, self.target_fingerprint.vocab_size)
     }
 
-    pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<EagleProposer>> {
+    /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target, under
+    /// the verify-length policy `[sv]` describes.
+    pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<VerifyPolicy<EagleProposer>>> {
         self.eagle_proposer_with(config, &config.eagle_drafting())
     }
 
     /// [`Self::eagle_proposer`] drafting as `drafting` says (its γ is the engine's).
-    pub fn eagle_proposer_with(&self, config: &Config, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
+    pub fn eagle_proposer_with(&self, config: &Config, drafting: &EagleDrafting) -> Result<Arc<VerifyPolicy<EagleProposer>>> {
         self.named_eagle_proposer(config, None, drafting)
     }
 
     /// The head `speculative.eagle_heads` names `head` (`None`: `eagle_head`), drafting as
-    /// `drafting` says.
-    pub fn named_eagle_proposer(&self, config: &Config, head: Option<&str>, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
+    /// `drafting` says, under its verify-length policy.
+    pub fn named_eagle_proposer(&self, config: &Config, head: Option<&str>, drafting: &EagleDrafting) -> Result<Arc<VerifyPolicy<EagleProposer>>> {
+        self.verify_policy(config, drafting, self.eagle_head(config, head, drafting)?)
+    }
+
+    /// The head `speculative.eagle_heads` names `head` (`None`: `eagle_head`), drafting as
+    /// `drafting` says, with no policy: every draft it makes is verified.
+    pub fn eagle_head(&self, config: &Config, head: Option<&str>, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
         let head = config.eagle_head_named(head)?;
-        if drafting.learn_keep_rates && !drafting.sv {
-            tracing::warn!("sv.learn_keep_rates does nothing without SV: set sv.enabled = true (bench option `sv`)");
-        }
         let proposer = EagleProposer::load(&head, drafting.weights, &self.target_source, &self.target_fingerprint)?;
-        let learn_verify_ms = drafting.sv && drafting.learn_verify_ms;
-        let store = config.latency_store(&self.target_fingerprint);
-        if store.is_some() && !learn_verify_ms {
-            tracing::warn!("sv.learned_verify_ms_file is kept only while SV learns T_v (sv.enabled and sv.learn_verify_ms, or the bench option `tvlearn`)");
-        }
-        let store = store.filter(|_| learn_verify_ms);
-        let (learner, earlier_samples) = config.sv.latency_learner(learn_verify_ms, store.as_ref())?.unzip();
         // The head's rows for cached prefixes, kept while the engine keeps the target's.
         let head_rows_kept = config.server.prefix_cache_bytes().map_or(0, |_| DEFAULT_PREFIX_CACHE_BYTES);
         Ok(Arc::new(
@@ -225,15 +238,36 @@ impl LoadedModels {
                 .with_min_first_confidence(drafting.min_first_confidence)?
                 .with_prefix_cache_bytes(head_rows_kept)
                 .with_batched_drafting(drafting.batched)
-                .with_packed_verify_rows(drafting.packed)
-                .with_verify_budget(match drafting.sv {
-                    true => Some(VerifyBudget { padded: !drafting.packed, ..config.sv_budget(&self.target_fingerprint)? }),
-                    false => None,
-                })
-                .with_keep_rates(config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?)
-                .with_learned_latency(learner)
-                .with_latency_store(store.zip(earlier_samples)),
+                .with_packed_verify_rows(drafting.packed),
         ))
+    }
+
+    /// SV over `proposer` as `drafting` and `[sv]` say: with `drafting.sv`, the drafts verified
+    /// are the ones worth their rows, priced by learned keep rates and T_v where asked.
+    pub fn verify_policy<P: ScoredProposer>(&self, config: &Config, drafting: &EagleDrafting, proposer: Arc<P>) -> Result<Arc<VerifyPolicy<P>>> {
+        if drafting.learn_keep_rates && !drafting.sv {
+            tracing::warn!("sv.learn_keep_rates does nothing without SV: set sv.enabled = true (bench option `sv`)");
+        }
+        let learn_verify_ms = drafting.sv && drafting.learn_verify_ms;
+        let store = config.latency_store(&self.target_fingerprint);
+        if store.is_some() && !learn_verify_ms {
+            tracing::warn!("sv.learned_verify_ms_file is kept only while SV learns T_v (sv.enabled and sv.learn_verify_ms, or the bench option `tvlearn`)");
+        }
+        let store = store.filter(|_| learn_verify_ms);
+        let (learned_latency, earlier_samples) = config.sv.latency_learner(learn_verify_ms, store.as_ref())?.unzip();
+        let budget = match drafting.sv {
+            true => Some(VerifyBudget { padded: !drafting.packed, ..config.sv_budget(&self.target_fingerprint)? }),
+            false => None,
+        };
+        Ok(Arc::new(VerifyPolicy::new(
+            proposer,
+            PolicySettings {
+                budget,
+                keep_rates: config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?,
+                learned_latency,
+                latency_store: store.zip(earlier_samples),
+            },
+        )))
     }
 
     /// The judge stack of `config`'s top-level `[[judge]]` tables.

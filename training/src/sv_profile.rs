@@ -26,9 +26,11 @@ use verdict::{
     engine::{generate, Engine, LoadedModels, Prompt},
     judge::JudgeStack,
     metrics::Metrics,
-    proposers::eagle_proposer::DraftOutcome,
     rules::BaseRule,
-    sv::table::{AcceptanceTable, Observation, TableOrigin},
+    sv::{
+        policy::DraftOutcome,
+        table::{AcceptanceTable, Observation, TableOrigin},
+    },
 };
 use verdict_eval::{
     jsonl::parse_lines,

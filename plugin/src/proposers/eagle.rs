@@ -179,7 +179,7 @@ impl SequenceDrafter {
         vocab_size: usize,
         sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
     ) -> Result<Drafts> {
-        let mut drafts = draft_together(head, embeddings, &mut [self], &[gamma], keep, vocab_size, &mut [sample])?;
+        let mut drafts = draft_together(head, embeddings, &mut [self], &[gamma], &|_, c| keep(c), vocab_size, &mut [sample])?;
         Ok(drafts.pop().expect("one drafter, one chain"))
     }
 
@@ -279,13 +279,14 @@ impl DraftChain {
 
 /// [`SequenceDrafter::draft_while`] for several sequences at once: one head forward per
 /// draft position over every chain still going, instead of one per sequence and position.
-/// `drafters[i]` drafts at most `gammas[i]` tokens, each drawn by `samples[i]`.
+/// `drafters[i]` drafts at most `gammas[i]` tokens, each drawn by `samples[i]`, while
+/// `keep(i, confidences)` accepts the next.
 pub fn draft_together(
     head: &Eagle3Head,
     embeddings: &dyn TokenEmbeddings,
     drafters: &mut [&mut SequenceDrafter],
     gammas: &[usize],
-    keep: &dyn Fn(&[f32]) -> bool,
+    keep: &dyn Fn(usize, &[f32]) -> bool,
     vocab_size: usize,
     samples: &mut [&mut DraftSampler<'_>],
 ) -> Result<Vec<Drafts>> {
@@ -304,7 +305,7 @@ pub fn draft_together(
     loop {
         let mut fed = Vec::new();
         for (i, chain) in chains.iter_mut().enumerate() {
-            if let Some(token) = chain.advance(head, keep, vocab_size, &mut *samples[i])? {
+            if let Some(token) = chain.advance(head, &|c| keep(i, c), vocab_size, &mut *samples[i])? {
                 fed.push((i, token));
             }
         }

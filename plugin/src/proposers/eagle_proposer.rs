@@ -2,19 +2,16 @@
 //! fed the target's captured layers after every target forward.
 
 use std::{
-    borrow::Cow,
     collections::HashMap,
     path::Path,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
     },
-    time::Instant,
 };
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
-use serde::{Deserialize, Serialize};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
@@ -25,13 +22,7 @@ use super::{
 };
 use crate::{
     models::ModelSource,
-    sv::{
-        keep_rates::KeepRates,
-        latency_store::{LatencyStore, SAVE_EVERY_SAMPLES},
-        latency::VerifyLatency,
-        learned_latency::LearnedLatency,
-        verify_budget::VerifyBudget,
-    },
+    sv::policy::{propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
 };
 
 pub struct EagleProposer {
@@ -51,16 +42,6 @@ pub struct EagleProposer {
     prefix_cache: Mutex<HeadPrefixCache>,
     /// Head cache rows taken from `prefix_cache` so far.
     restored_rows: AtomicUsize,
-    /// How many drafts of each sequence a batched verify takes (`[sv]`); `None`: all.
-    verify_budget: Option<VerifyBudget>,
-    /// The most drafts of one sequence the last batched verify took: with `[sv]`, sequences
-    /// drafted together draft at most one more (drafts no verify takes cost ≈ 1 ms each).
-    last_verified: AtomicUsize,
-    /// Each verified draft's confidence and fate, while recording (`train-head sv-profile`).
-    outcomes: Mutex<Option<Vec<DraftOutcome>>>,
-    /// What the running stack keeps of each confidence, learned from every verified draft;
-    /// with `verify_budget`, SV prices drafts by it (`sv.learn_keep_rates`).
-    keep_rates: Option<Mutex<KeepRates>>,
     /// Sequences of a batched step draft, and take their committed rows, in one head
     /// forward per draft position (false: one sequence after another, as before batching).
     batched_drafting: bool,
@@ -69,25 +50,6 @@ pub struct EagleProposer {
     /// Calls that drafted for, or took the rows of, several sequences in one head forward
     /// per position.
     batched_calls: AtomicUsize,
-    /// T_v learned from this machine's steps (`sv.learn_verify_ms`): SV prices rows by it
-    /// instead of the budget's own.
-    learned_latency: Option<Mutex<LearnedLatency>>,
-    /// Where the learned T_v is kept across runs (`sv.learned_verify_ms_file`), and the
-    /// samples of the runs before this one.
-    latency_store: Option<(LatencyStore, u64)>,
-    /// The sequences of the step being drafted and verified, and when its drafting began.
-    step_in_flight: Mutex<Option<(Vec<usize>, Instant)>>,
-}
-
-/// What became of one verified draft: the head's confidence before drawing it, its place in
-/// the step's chain, and whether the target kept it. Drafts after a step's first refusal
-/// are not recorded: their fate says nothing about them.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DraftOutcome {
-    pub confidence: f32,
-    /// 0 for a step's first draft.
-    pub position: usize,
-    pub kept: bool,
 }
 
 /// Bytes of finished sequences' head caches kept by default: a position costs the head
@@ -98,11 +60,6 @@ struct LiveSequence {
     drafter: SequenceDrafter,
     /// The sequence's tokens through the last committed position (the prefix cache's key).
     tokens: Vec<u32>,
-    /// The head's confidence in each draft of the sequence's last proposal.
-    confidences: Vec<f32>,
-    /// The last proposal's drafts, and how many of them its verify took.
-    drafts: Vec<u32>,
-    verified: usize,
 }
 
 impl EagleProposer {
@@ -129,32 +86,10 @@ impl EagleProposer {
             sequences: Mutex::new(HashMap::new()),
             prefix_cache: Mutex::new(HeadPrefixCache::new(DEFAULT_PREFIX_CACHE_BYTES)),
             restored_rows: AtomicUsize::new(0),
-            verify_budget: None,
-            last_verified: AtomicUsize::new(usize::MAX),
-            outcomes: Mutex::new(None),
-            keep_rates: None,
             batched_drafting: true,
             packed_verify_rows: true,
             batched_calls: AtomicUsize::new(0),
-            learned_latency: None,
-            latency_store: None,
-            step_in_flight: Mutex::new(None),
         })
-    }
-
-    /// From now on, record every verified draft's confidence and fate
-    /// ([`Self::take_outcomes`]).
-    pub fn record_outcomes(&self) {
-        self.outcome_log().get_or_insert_with(Vec::new);
-    }
-
-    /// The draft outcomes recorded since the last call (none unless recording).
-    pub fn take_outcomes(&self) -> Vec<DraftOutcome> {
-        self.outcome_log().as_mut().map(std::mem::take).unwrap_or_default()
-    }
-
-    fn outcome_log(&self) -> MutexGuard<'_, Option<Vec<DraftOutcome>>> {
-        self.outcomes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Draft for a batched step's sequences in one head forward per draft position (the
@@ -166,159 +101,10 @@ impl EagleProposer {
 
     /// Let a batched verify feed the target each sequence's own rows only (the default), or
     /// pad every sequence's rows to the widest (`false`, for comparing the two). A verify
-    /// budget should price rows the same way ([`VerifyBudget::padded`]).
+    /// budget should price rows the same way ([`crate::sv::verify_budget::VerifyBudget::padded`]).
     pub fn with_packed_verify_rows(mut self, packed: bool) -> Self {
         self.packed_verify_rows = packed;
         self
-    }
-
-    /// Price drafts for SV by the keep rates learned from verified drafts, starting from
-    /// `rates` (`None`: by the head's confidence, or `sv.table`).
-    pub fn with_keep_rates(mut self, rates: Option<KeepRates>) -> Self {
-        self.keep_rates = rates.map(Mutex::new);
-        self
-    }
-
-    /// The learned keep rates, if learning (for logs and tests).
-    pub fn keep_rates(&self) -> Option<KeepRates> {
-        self.keep_rates.as_ref().map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).clone())
-    }
-
-    /// What SV reads as each draft's chance of being kept: the learned keep rate of its
-    /// confidence, or the confidence itself.
-    fn priced(&self, confidences: &[f32]) -> Vec<f32> {
-        match &self.keep_rates {
-            Some(rates) => rates.lock().unwrap_or_else(|e| e.into_inner()).keep_rates(confidences),
-            None => confidences.to_vec(),
-        }
-    }
-
-    /// Let a batched verify take only the drafts worth their rows under load (SV's schedule
-    /// with the head's confidences as β); without it every draft is verified.
-    pub fn with_verify_budget(mut self, budget: Option<VerifyBudget>) -> Self {
-        self.verify_budget = budget;
-        self
-    }
-
-    /// Price verify rows by T_v learned from the steps run, starting from `latency`
-    /// (`None`: by the verify budget's own T_v).
-    pub fn with_learned_latency(mut self, latency: Option<LearnedLatency>) -> Self {
-        self.learned_latency = latency.map(Mutex::new);
-        self
-    }
-
-    /// Keep the learned T_v in `store` (after `earlier_samples` from earlier runs): saved
-    /// every [`SAVE_EVERY_SAMPLES`] steps timed and when the proposer is dropped.
-    pub fn with_latency_store(mut self, store: Option<(LatencyStore, u64)>) -> Self {
-        self.latency_store = store;
-        self
-    }
-
-    /// T_v as SV prices rows now: learned on this machine, else the budget's, else a generic
-    /// CPU shape (another proposer choosing between its drafts and the head's prices rows
-    /// alike).
-    pub fn verify_latency(&self) -> VerifyLatency {
-        match (&self.learned_latency, &self.verify_budget) {
-            (Some(learned), _) => learned.lock().unwrap_or_else(|e| e.into_inner()).current().clone(),
-            (None, Some(budget)) => budget.latency.clone(),
-            (None, None) => LearnedLatency::generic_prior(),
-        }
-    }
-
-    /// What SV reads as the chance each draft of `seq_id`'s last proposal is kept.
-    pub fn last_keep_chances(&self, seq_id: usize) -> Vec<f32> {
-        let confidences = self.sequences().get(&seq_id).map(|live| live.confidences.clone()).unwrap_or_default();
-        self.priced(&confidences)
-    }
-
-    /// `seq_id`'s last proposal was set aside for another proposer's `drafts` drafts: the
-    /// head's drafts are never verified (their fate teaches nothing), and the step's verify
-    /// has `drafts` rows besides the sequence's own (what a learned T_v samples).
-    pub fn proposal_replaced(&self, seq_id: usize, drafts: usize) {
-        if let Some(live) = self.sequences().get_mut(&seq_id) {
-            live.drafts.clear();
-            live.confidences.clear();
-            live.verified = drafts;
-        }
-    }
-
-    /// T_v as learned so far, if learning (for logs and tests).
-    pub fn learned_latency(&self) -> Option<LearnedLatency> {
-        self.learned_latency.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()).clone())
-    }
-
-    /// The verify budget SV applies now: the configured one, its T_v replaced by the
-    /// learned one when learning (copied only then).
-    fn budget(&self) -> Option<Cow<'_, VerifyBudget>> {
-        let budget = self.verify_budget.as_ref()?;
-        Some(match &self.learned_latency {
-            Some(learned) => Cow::Owned(VerifyBudget {
-                latency: learned.lock().unwrap_or_else(|e| e.into_inner()).current().clone(),
-                ..budget.clone()
-            }),
-            None => Cow::Borrowed(budget),
-        })
-    }
-
-    /// With a learned T_v, the step whose drafting begins now is timed until the head has
-    /// taken in its verified rows.
-    fn start_step_timing(&self, requests: &[DraftRequest<'_>]) {
-        if self.learned_latency.is_some() {
-            let ids = requests.iter().map(|r| r.seq_id).collect();
-            *self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some((ids, Instant::now()));
-        }
-    }
-
-    /// The verify of the step in flight is about to be observed: the rows it verified and
-    /// when its drafting began, which [`Self::record_step_timing`] turns into a sample of
-    /// T_v once the head has taken those rows in. A prompt step, or one whose sequences
-    /// changed (one finished), gives no sample.
-    fn step_in_flight_rows(&self, sequences: &HashMap<usize, LiveSequence>, features: &[TargetFeatures<'_>]) -> Option<(usize, Instant)> {
-        self.learned_latency.as_ref()?;
-        let (ids, started) = self.step_in_flight.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-        if ids.len() != features.len() || ids.iter().zip(features).any(|(id, f)| *id != f.seq_id) {
-            return None;
-        }
-        let widths: Vec<usize> = ids.iter().map(|id| sequences.get(id).map(|live| live.verified + 1)).collect::<Option<_>>()?;
-        let rows = match self.packed_verify_rows {
-            true => widths.iter().sum(),
-            false => widths.len() * widths.iter().copied().max().unwrap_or(1),
-        };
-        Some((rows, started))
-    }
-
-    /// A step's time from the start of its drafting to the end of the head's intake of its
-    /// verified rows (the whole step the proposer prices) is a sample of T_v at its rows.
-    fn record_step_timing(&self, step: Option<(usize, Instant)>) {
-        if let (Some(learned), Some((rows, started))) = (&self.learned_latency, step) {
-            let mut learned = learned.lock().unwrap_or_else(|e| e.into_inner());
-            learned.record(rows, started.elapsed().as_secs_f64() * 1e3);
-            if learned.samples() % SAVE_EVERY_SAMPLES == 0 {
-                self.save_learned_latency(&learned);
-            }
-        }
-    }
-
-    /// Save the learned T_v where it is kept, if it is; a failed save is logged, never
-    /// fatal to decoding.
-    fn save_learned_latency(&self, learned: &LearnedLatency) {
-        if let Some((store, earlier)) = &self.latency_store {
-            match store.save(learned, *earlier) {
-                Ok(()) => tracing::debug!("SV: learned T_v saved to {} ({} steps)", store.path().display(), earlier + learned.samples()),
-                Err(e) => tracing::warn!("SV: cannot save the learned T_v: {e:#}"),
-            }
-        }
-    }
-
-    /// Save the learned T_v now if steps were timed since its last save (a server stopping
-    /// on a signal, where no destructor runs).
-    pub fn keep_learned_latency(&self) {
-        if let Some(learned) = &self.learned_latency {
-            let learned = learned.lock().unwrap_or_else(|e| e.into_inner());
-            if learned.samples() % SAVE_EVERY_SAMPLES != 0 {
-                self.save_learned_latency(&learned);
-            }
-        }
     }
 
     /// Keep at most `bytes` of finished sequences' head caches (0: keep none).
@@ -415,44 +201,12 @@ impl EagleProposer {
     }
 
     /// How many drafts a sequence may make this step: none when the head is unsure of the
-    /// first (`min_first_confidence`); with `[sv]` among others, one more than the last
-    /// batched verify took (so the width grows back when drafts get likelier); else γ.
-    fn gamma_for(&self, live: &LiveSequence, gamma: usize, drafting_together: usize) -> Result<usize> {
+    /// first (`min_first_confidence`), else γ.
+    fn gamma_for(&self, live: &LiveSequence, gamma: usize) -> Result<usize> {
         if self.min_first_confidence > 0.0 && live.drafter.first_draft_confidence()? < self.min_first_confidence {
             return Ok(0);
         }
-        Ok(match (&self.verify_budget, drafting_together) {
-            (Some(_), 2..) => gamma.min(self.last_verified.load(Ordering::Relaxed).saturating_add(1)),
-            _ => gamma,
-        })
-    }
-
-    /// Before a sequence takes a verify's features: start its state if it is new, and learn
-    /// (keep rates, outcome log) what became of the drafts that verify judged.
-    fn settle_last_drafts(&self, sequences: &mut HashMap<usize, LiveSequence>, features: &TargetFeatures<'_>) -> Result<()> {
-        let live = match sequences.entry(features.seq_id) {
-            std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
-            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(LiveSequence {
-                drafter: self.start_sequence(features)?,
-                tokens: Vec::new(),
-                confidences: Vec::new(),
-                drafts: Vec::new(),
-                verified: 0,
-            }),
-        };
-        let mut log = self.outcome_log();
-        if log.is_some() || self.keep_rates.is_some() {
-            let fates = draft_fates(live, features);
-            if let Some(rates) = &self.keep_rates {
-                let mut rates = rates.lock().unwrap_or_else(|e| e.into_inner());
-                fates.iter().for_each(|f| rates.record(f.confidence, f.kept));
-            }
-            if let Some(log) = log.as_mut() {
-                log.extend(fates);
-            }
-        }
-        live.drafts.clear();
-        Ok(())
+        Ok(gamma)
     }
 
     /// Every sequence's committed rows go through the head in one forward.
@@ -466,7 +220,10 @@ impl EagleProposer {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let mut sequences = self.sequences();
         for f in features {
-            self.settle_last_drafts(&mut sequences, f).map_err(to_candle)?;
+            if let std::collections::hash_map::Entry::Vacant(slot) = sequences.entry(f.seq_id) {
+                let drafter = self.start_sequence(f).map_err(to_candle)?;
+                slot.insert(LiveSequence { drafter, tokens: Vec::new() });
+            }
         }
         let ids: Vec<usize> = features.iter().map(|f| f.seq_id).collect();
         let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
@@ -492,27 +249,21 @@ impl EagleProposer {
         Ok(())
     }
 
-    /// Every sequence drafts in one head forward per draft position.
-    fn draft(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
+    /// Every sequence drafts in one head forward per draft position, each chain going on
+    /// while `pricing` finds one more draft worth it (and, from the second draft on, the
+    /// head is sure enough of it).
+    fn draft(&self, requests: &mut [DraftRequest<'_>], pricing: &dyn DraftPricing) -> candle_core::Result<Vec<ScoredDrafts>> {
         if requests.len() > 1 {
             self.batched_calls.fetch_add(1, Ordering::Relaxed);
         }
         let mut sequences = self.sequences();
-        let drafting_together = sequences.len();
         let ids: Vec<usize> = requests.iter().map(|r| r.seq_id).collect();
         let mut lives = each_live(&mut sequences, &ids).map_err(to_candle)?;
         let mut gammas = Vec::with_capacity(requests.len());
         for (live, request) in lives.iter().zip(requests.iter()) {
-            gammas.push(self.gamma_for(live, request.gamma, drafting_together).map_err(to_candle)?);
+            gammas.push(self.gamma_for(live, request.gamma).map_err(to_candle)?);
         }
-        // A sequence verified alone drafts while one more draft pays for its row (SV's
-        // goodput); the confidence cut applies from the second draft on.
-        let alone = drafting_together == 1;
-        let budget = self.budget();
-        let keep = |confidences: &[f32]| {
-            sure_enough(confidences, self.min_confidence)
-                && (!alone || budget.as_ref().is_none_or(|b| b.one_more_pays_alone(&self.priced(confidences))))
-        };
+        let keep = |i: usize, confidences: &[f32]| sure_enough(confidences, self.min_confidence) && pricing.worth_drafting(i, confidences);
         let mut samplers: Vec<Box<DraftSampler<'_>>> = requests
             .iter_mut()
             .map(|r| Box::new(move |row: &Tensor| Ok((r.sample)(row)?)) as Box<DraftSampler<'_>>)
@@ -530,25 +281,7 @@ impl EagleProposer {
         )
         .with_context(|| format!("EAGLE head, sequences {ids:?}"))
         .map_err(to_candle)?;
-        drop(drafters);
-        Ok(lives
-            .into_iter()
-            .zip(drafts)
-            .map(|(live, drafts)| {
-                live.confidences = drafts.confidences;
-                live.verified = drafts.tokens.len();
-                live.drafts.clone_from(&drafts.tokens);
-                (drafts.tokens, drafts.logits)
-            })
-            .collect())
-    }
-}
-
-/// The steps timed since the last save are saved when the engine lets go of its proposer
-/// (a bench mode done, a program's engine dropped).
-impl Drop for EagleProposer {
-    fn drop(&mut self) {
-        self.keep_learned_latency();
+        Ok(drafts.into_iter().map(|d| ScoredDrafts { tokens: d.tokens, logits: d.logits, scores: d.confidences }).collect())
     }
 }
 
@@ -576,30 +309,6 @@ pub fn capture_layers(aux: &[usize], num_layers: usize) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// The fates of a sequence's last verified drafts, read from the positions the verify
-/// committed. The head's last committed row read the newest token and predicted the first
-/// draft, so draft i sat at `committed_len + 1 + i`. It was kept when a committed position
-/// holds it there: the verify committed positions `start..committed_end` and handed over
-/// the token after each, the last of them the target's own correction or bonus.
-fn draft_fates(live: &LiveSequence, features: &TargetFeatures<'_>) -> Vec<DraftOutcome> {
-    let first_draft = live.drafter.committed_len() + 1;
-    let committed_end = features.start + features.next_tokens.len();
-    let mut fates = Vec::new();
-    for (i, (&draft, &confidence)) in live.drafts.iter().zip(&live.confidences).take(live.verified).enumerate() {
-        let position = first_draft + i;
-        // next_tokens[j] is the token at position start + j + 1.
-        let Some(j) = position.checked_sub(features.start + 1) else {
-            break;
-        };
-        let kept = position < committed_end && features.next_tokens.get(j) == Some(&draft);
-        fates.push(DraftOutcome { confidence, position: i, kept });
-        if !kept {
-            break;
-        }
-    }
-    fates
-}
-
 fn to_candle(e: anyhow::Error) -> candle_core::Error {
     candle_core::Error::Msg(format!("{e:#}"))
 }
@@ -613,17 +322,13 @@ impl Proposer for EagleProposer {
         self.observe_batch(std::slice::from_ref(features))
     }
 
-    /// Every sequence's committed rows go through the head in one forward (and, when
-    /// learning T_v, the step that verified them is timed, this intake included).
+    /// Every sequence's committed rows go through the head in one forward.
     fn observe_batch(&self, features: &[TargetFeatures<'_>]) -> candle_core::Result<()> {
-        let step = self.step_in_flight_rows(&self.sequences(), features);
         if !self.batched_drafting && features.len() > 1 {
-            features.iter().try_for_each(|f| self.commit_rows(std::slice::from_ref(f)))?;
+            features.iter().try_for_each(|f| self.commit_rows(std::slice::from_ref(f)))
         } else {
-            self.commit_rows(features)?;
+            self.commit_rows(features)
         }
-        self.record_step_timing(step);
-        Ok(())
     }
 
     fn propose(
@@ -636,41 +341,9 @@ impl Proposer for EagleProposer {
         Ok(drafted.pop().expect("one request, one answer"))
     }
 
-    /// Every sequence drafts in one head forward per draft position (timed from here when
-    /// learning T_v).
+    /// Every sequence drafts in one head forward per draft position.
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> candle_core::Result<Vec<(Vec<u32>, Tensor)>> {
-        self.start_step_timing(requests);
-        if !self.batched_drafting && requests.len() > 1 {
-            return requests.iter_mut().map(|r| self.draft(std::slice::from_mut(r)).map(|mut d| d.remove(0))).collect();
-        }
-        self.draft(requests)
-    }
-
-    fn verify_lengths(&self, seq_ids: &[usize], drafted: &[usize]) -> Vec<usize> {
-        let Some(budget) = self.budget() else {
-            return drafted.to_vec();
-        };
-        let sequences = self.sequences();
-        let confidences: Vec<Vec<f32>> = seq_ids
-            .iter()
-            .zip(drafted)
-            .map(|(id, &n)| {
-                let known = sequences.get(id).map_or(&[][..], |live| &live.confidences[..]);
-                // A draft the head gave no confidence for is not worth a row.
-                let confidences: Vec<f32> = (0..n).map(|i| known.get(i).copied().unwrap_or(0.0)).collect();
-                self.priced(&confidences)
-            })
-            .collect();
-        let lengths = budget.lengths(&confidences);
-        drop(sequences);
-        let mut sequences = self.sequences();
-        for (id, &n) in seq_ids.iter().zip(&lengths) {
-            if let Some(live) = sequences.get_mut(id) {
-                live.verified = n.min(live.drafts.len());
-            }
-        }
-        self.last_verified.store(lengths.iter().copied().max().unwrap_or(0), Ordering::Relaxed);
-        lengths
+        propose_unpriced(self, requests)
     }
 
     fn packs_verify_rows(&self) -> bool {
@@ -690,6 +363,24 @@ impl Proposer for EagleProposer {
 
     fn cache_len(&self, seq_id: usize) -> usize {
         self.sequences().get(&seq_id).map_or(0, |live| live.drafter.committed_len())
+    }
+}
+
+impl ScoredProposer for EagleProposer {
+    /// Each draft's score is the head's probability of its best token there, before the
+    /// draft is drawn.
+    fn propose_scored(&self, requests: &mut [DraftRequest<'_>], pricing: &dyn DraftPricing) -> candle_core::Result<Vec<ScoredDrafts>> {
+        if !self.batched_drafting && requests.len() > 1 {
+            return requests
+                .iter_mut()
+                .enumerate()
+                .map(|(i, r)| {
+                    let one = RequestsOf { pricing, requests: vec![i] };
+                    self.draft(std::slice::from_mut(r), &one).map(|mut d| d.remove(0))
+                })
+                .collect();
+        }
+        self.draft(requests, pricing)
     }
 }
 
@@ -859,150 +550,6 @@ mod tests {
         observe(&other, 2, &second, 7, &features);
         assert_eq!(other.restored_rows(), 0);
         assert_eq!(other.cache_len(2), second.len() - 1);
-    }
-
-    #[test]
-    fn with_a_verify_budget_sequences_drafting_together_draft_one_more_than_was_verified_and_alone_what_pays() {
-        use crate::sv::{latency::VerifyLatency, schedule::GoodputOptions};
-        // A verify row as dear as a forward: no draft of a batch pays for its row.
-        let budget = VerifyBudget { latency: VerifyLatency::linear(10.0, 10.0), options: GoodputOptions::default(), padded: true, table: None };
-        let p = proposers(1).remove(0).with_verify_budget(Some(budget));
-        let features = Tensor::randn(0f32, 1.0, (6, 3 * HIDDEN), &Device::Cpu).unwrap();
-        observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
-        // Alone, a sequence drafts while a draft pays for its row: a random head's never does
-        // at 10 ms a row; with rows free, it drafts γ.
-        assert_eq!(greedy_drafts(&p, 1).0.len(), 0);
-        let free_rows = VerifyBudget { latency: VerifyLatency::linear(10.0, 0.0), options: GoodputOptions::default(), padded: true, table: None };
-        let q = proposers(1).remove(0).with_verify_budget(Some(free_rows));
-        observe(&q, 1, &[1, 2, 3, 4, 5], 0, &features);
-        assert_eq!(greedy_drafts(&q, 1).0.len(), 3);
-        observe(&p, 2, &[1, 2, 3, 4, 6], 0, &features);
-        assert_eq!(greedy_drafts(&p, 1).0.len(), 3, "no batched verify has happened yet");
-        assert_eq!(greedy_drafts(&p, 2).0.len(), 3);
-        assert_eq!(p.verify_lengths(&[1, 2], &[3, 3]), vec![0, 0]);
-        // Together, after a verify that took none: one draft each, to see whether it pays.
-        assert_eq!(greedy_drafts(&p, 1).0.len(), 1);
-        assert_eq!(greedy_drafts(&p, 2).0.len(), 1);
-        // Without a budget every draft is verified and γ drafted.
-        let plain = proposers(1).remove(0);
-        observe(&plain, 1, &[1, 2, 3, 4, 5], 0, &features);
-        observe(&plain, 2, &[1, 2, 3, 4, 6], 0, &features);
-        assert_eq!(plain.verify_lengths(&[1, 2], &[3, 2]), vec![3, 2]);
-        assert_eq!(greedy_drafts(&plain, 1).0.len(), 3);
-    }
-
-    #[test]
-    fn a_learned_t_v_prices_rows_and_each_verified_step_is_a_sample_at_its_rows() {
-        use crate::sv::{latency::VerifyLatency, schedule::GoodputOptions};
-        // The configured T_v says rows are free: alone, a sequence drafts γ.
-        let free_rows = VerifyBudget { latency: VerifyLatency::linear(10.0, 0.0), options: GoodputOptions::default(), padded: true, table: None };
-        let features = Tensor::randn(0f32, 1.0, (12, 3 * HIDDEN), &Device::Cpu).unwrap();
-        // Learned from this machine: every row beyond the first costs as much as a forward,
-        // so no draft of a random head pays for its row.
-        let mut dear_rows = LearnedLatency::new(VerifyLatency::linear(10.0, 0.0), 1.0, 1.0).unwrap();
-        for _ in 0..50 {
-            (1..=4).for_each(|rows| dear_rows.record(rows, 10.0 * rows as f64));
-        }
-        let p = proposers(1).remove(0).with_verify_budget(Some(free_rows.clone())).with_learned_latency(Some(dear_rows));
-        observe(&p, 1, &[1, 2, 3, 4, 5], 0, &features);
-        assert_eq!(greedy_drafts(&p, 1).0.len(), 0, "priced by the learned T_v, not the configured one");
-        // Learning from scratch on the free-rows prior: a prompt gives no sample, a verified
-        // step one at its rows (the last committed token and each draft).
-        let q = proposers(1)
-            .remove(0)
-            .with_verify_budget(Some(free_rows))
-            .with_learned_latency(Some(LearnedLatency::new(VerifyLatency::linear(10.0, 0.0), 1.0, 1.0).unwrap()));
-        observe(&q, 1, &[1, 2, 3, 4, 5], 0, &features);
-        assert!(q.learned_latency().unwrap().row_counts_seen().is_empty(), "a prompt is no verify");
-        let (drafts, _) = greedy_drafts(&q, 1);
-        assert_eq!(drafts.len(), 3);
-        // The target kept the first draft and corrected the second.
-        let mut tokens = vec![1, 2, 3, 4, 5, drafts[0], 9];
-        observe(&q, 1, &tokens, 4, &features);
-        assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
-        // A step drafted for one sequence and observed for another gives no sample.
-        greedy_drafts(&q, 1);
-        observe(&q, 2, &[3, 3, 3], 0, &features);
-        tokens.push(5);
-        observe(&q, 1, &tokens, 6, &features);
-        assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
-        // Kept across runs: saved when the proposer goes, with the earlier runs' samples.
-        let dir = tempfile::tempdir().unwrap();
-        let store = LatencyStore::on_machine(dir.path().join("tv.json"), crate::sv::latency_store::tests::target(HIDDEN), "m".into());
-        let learned = q.learned_latency().unwrap();
-        let kept = proposers(1).remove(0).with_learned_latency(Some(learned.clone())).with_latency_store(Some((store.clone(), 7)));
-        drop(kept);
-        let (kept_latency, kept_samples) = store.load().unwrap().unwrap();
-        assert!(crate::sv::latency_store::tests::same_latency(&kept_latency, learned.current()));
-        assert_eq!(kept_samples, 7 + learned.samples());
-    }
-
-    #[test]
-    fn the_outcome_log_records_each_verified_draft_up_to_the_first_refusal() {
-        let p = proposers(1).remove(0);
-        p.record_outcomes();
-        let features = Tensor::randn(0f32, 1.0, (16, 3 * HIDDEN), &Device::Cpu).unwrap();
-        let mut tokens = vec![1, 2, 3, 4, 5];
-        observe(&p, 1, &tokens, 0, &features);
-        assert!(p.take_outcomes().is_empty(), "a prompt forward verifies no draft");
-        let fates = |log: Vec<DraftOutcome>| log.iter().map(|o| (o.position, o.kept)).collect::<Vec<_>>();
-
-        // The first draft kept, the second refused (the target wrote another token there).
-        let (drafts, _) = greedy_drafts(&p, 1);
-        let start = tokens.len() - 1;
-        tokens.extend([drafts[0], (drafts[1] + 1) % VOCAB as u32]);
-        observe(&p, 1, &tokens, start, &features);
-        let log = p.take_outcomes();
-        assert!(log.iter().all(|o| o.confidence > 0.0 && o.confidence <= 1.0), "{log:?}");
-        assert_eq!(fates(log), vec![(0, true), (1, false)]);
-
-        // Every draft kept, then a bonus token.
-        let (drafts, _) = greedy_drafts(&p, 1);
-        let start = tokens.len() - 1;
-        tokens.extend(drafts.iter().copied().chain([7]));
-        observe(&p, 1, &tokens, start, &features);
-        assert_eq!(fates(p.take_outcomes()), vec![(0, true), (1, true), (2, true)]);
-
-        // The first refused: nothing after it is recorded.
-        let (drafts, _) = greedy_drafts(&p, 1);
-        let start = tokens.len() - 1;
-        tokens.push((drafts[0] + 1) % VOCAB as u32);
-        observe(&p, 1, &tokens, start, &features);
-        assert_eq!(fates(p.take_outcomes()), vec![(0, false)]);
-        assert!(p.take_outcomes().is_empty());
-    }
-
-    #[test]
-    fn learned_keep_rates_follow_the_verified_drafts_fates() {
-        let p = proposers(1).remove(0).with_keep_rates(Some(KeepRates::new(20, 1.0).unwrap()));
-        let features = Tensor::randn(0f32, 1.0, (16, 3 * HIDDEN), &Device::Cpu).unwrap();
-        let mut tokens = vec![1, 2, 3, 4, 5];
-        observe(&p, 1, &tokens, 0, &features);
-        assert_eq!(p.keep_rates().unwrap().recorded(), 0, "a prompt forward verifies no draft");
-
-        // Every draft kept: each one's bin now says more than its confidence.
-        let (drafts, _) = greedy_drafts(&p, 1);
-        let confidences = p.sequences()[&1].confidences.clone();
-        let start = tokens.len() - 1;
-        tokens.extend(drafts.iter().copied().chain([7]));
-        observe(&p, 1, &tokens, start, &features);
-        let rates = p.keep_rates().unwrap();
-        assert_eq!(rates.recorded(), 3);
-        for &c in &confidences {
-            assert!(rates.keep_rate(c) > c, "a kept draft of confidence {c} is priced {}", rates.keep_rate(c));
-        }
-        assert_eq!(p.priced(&confidences), rates.keep_rates(&confidences), "SV reads the learned rates");
-        assert!(p.take_outcomes().is_empty(), "learning does not fill the outcome log");
-
-        // The first refused: one more draft reached, none kept.
-        let (drafts, _) = greedy_drafts(&p, 1);
-        let first = p.sequences()[&1].confidences[0];
-        let start = tokens.len() - 1;
-        tokens.push((drafts[0] + 1) % VOCAB as u32);
-        observe(&p, 1, &tokens, start, &features);
-        let after = p.keep_rates().unwrap();
-        assert_eq!(after.recorded(), 4);
-        assert!(after.keep_rate(first) < rates.keep_rate(first));
     }
 
     #[test]

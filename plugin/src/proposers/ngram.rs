@@ -8,11 +8,17 @@
 //! elsewhere, so the accept rule's sampler draws that token and knows q exactly. Under
 //! `rejection` a draft is then kept with probability p(token), and a refusal resamples from
 //! norm(max(0, p − q)): lossless, like any other proposer.
+//!
+//! Each draft's score, what a verify-length policy prices it by, is the keep rate learned
+//! for the length of the match it continues ([`LookupKeepRates`]).
 
 use std::{collections::HashMap, sync::Mutex};
 
 use candle_core::{Device, Result, Tensor};
-use mistralrs_core::speculative_hook::{Proposer, TargetFeatures};
+use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
+use serde::Serialize;
+
+use crate::sv::policy::{propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
 
 /// The logit of every token but the drafted one: exp() of it is 0 in f32 at any temperature
 /// a sampler divides by, and it stays finite so divergences never meet inf − inf.
@@ -116,11 +122,62 @@ impl NgramIndex {
     }
 }
 
+/// Keep rates of lookup drafts by the length of the n-gram they continue: each draft's
+/// chance of being kept given that the drafts before it were, counted from verified drafts
+/// up to each step's first refusal, starting from a prior.
+#[derive(Clone, Debug, Serialize)]
+pub struct LookupKeepRates {
+    min_n: usize,
+    /// (kept, judged) per n, from `min_n` up.
+    counts: Vec<(f64, f64)>,
+    prior: f64,
+    prior_weight: f64,
+}
+
+impl LookupKeepRates {
+    pub fn new(min_n: usize, max_n: usize, prior: f64, prior_weight: f64) -> Self {
+        Self {
+            min_n,
+            counts: vec![(0.0, 0.0); max_n - min_n + 1],
+            prior,
+            prior_weight,
+        }
+    }
+
+    /// The chance a draft continuing an `n`-token match is kept, its predecessors kept.
+    pub fn rate(&self, n: usize) -> f64 {
+        let (kept, judged) = self.counts[n - self.min_n];
+        (kept + self.prior * self.prior_weight) / (judged + self.prior_weight)
+    }
+
+    /// A proposal of `verified` drafts after an `n`-token match kept its first `kept`.
+    pub fn record(&mut self, n: usize, verified: usize, kept: usize) {
+        let judged = (kept + 1).min(verified);
+        let entry = &mut self.counts[n - self.min_n];
+        entry.0 += kept as f64;
+        entry.1 += judged as f64;
+    }
+}
+
+/// A sequence's last lookup proposal, until the target's verdict on it.
+#[derive(Clone, Debug)]
+struct LastLookup {
+    /// The length of the match the drafts continued.
+    n: usize,
+    drafts: Vec<u32>,
+    /// The sequence's length when it drafted: the first draft sat there.
+    from: usize,
+    /// How many of the drafts the target verified.
+    verified: usize,
+}
+
 /// The prompt-lookup proposer: one [`NgramIndex`] per live sequence.
 pub struct NgramProposer {
     settings: NgramSettings,
     vocab_size: usize,
     sequences: Mutex<HashMap<usize, NgramIndex>>,
+    keep_rates: Mutex<LookupKeepRates>,
+    last: Mutex<HashMap<usize, LastLookup>>,
 }
 
 impl NgramProposer {
@@ -136,7 +193,46 @@ impl NgramProposer {
             settings,
             vocab_size,
             sequences: Mutex::new(HashMap::new()),
+            // A lookup draft starts as a coin flip worth 8 drafts; a few steps then tell.
+            keep_rates: Mutex::new(LookupKeepRates::new(settings.min_n, settings.max_n, 0.5, 8.0)),
+            last: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The keep rates learned so far.
+    pub fn keep_rates(&self) -> LookupKeepRates {
+        self.keep_rates.lock().unwrap().clone()
+    }
+
+    /// The first `count` drafts of `found` as `seq_id`'s proposal, each scored by the keep
+    /// rate of `found`'s match length; the target's verdict on them is learned from.
+    pub fn propose_found(&self, seq_id: usize, found: &NgramMatch, count: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<ScoredDrafts> {
+        let drafts = &found.drafts[..count.min(found.drafts.len())];
+        let (tokens, logits) = self.point_mass_drafts(drafts, sample)?;
+        let score = self.keep_rates.lock().unwrap().rate(found.n) as f32;
+        let from = self.sequence_len(seq_id);
+        self.last.lock().unwrap().insert(seq_id, LastLookup { n: found.n, drafts: tokens.clone(), from, verified: tokens.len() });
+        Ok(ScoredDrafts { scores: vec![score; tokens.len()], tokens, logits })
+    }
+
+    /// No drafts for `seq_id` this step.
+    pub fn propose_nothing(&self, seq_id: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<ScoredDrafts> {
+        self.last.lock().unwrap().remove(&seq_id);
+        let (tokens, logits) = self.point_mass_drafts(&[], sample)?;
+        Ok(ScoredDrafts { tokens, logits, scores: Vec::new() })
+    }
+
+    /// Learn from what became of `seq_id`'s last lookup drafts, now that `tokens` are
+    /// committed.
+    fn settle(&self, seq_id: usize, tokens: &[u32]) {
+        let Some(last) = self.last.lock().unwrap().remove(&seq_id) else {
+            return;
+        };
+        let committed = tokens.get(last.from..).unwrap_or(&[]);
+        let kept = last.drafts.iter().zip(committed).take(last.verified).take_while(|(d, c)| d == c).count();
+        // The last committed token is the step's own (correction or bonus), not a draft.
+        let kept = kept.min(committed.len().saturating_sub(1));
+        self.keep_rates.lock().unwrap().record(last.n, last.verified, kept);
     }
 
     /// Sequences with state held (a test sees each released).
@@ -192,6 +288,7 @@ impl Proposer for NgramProposer {
     }
 
     fn observe_target(&self, features: &TargetFeatures<'_>) -> Result<()> {
+        self.settle(features.seq_id, features.tokens);
         let mut sequences = self.sequences.lock().unwrap();
         sequences
             .entry(features.seq_id)
@@ -201,16 +298,47 @@ impl Proposer for NgramProposer {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let drafts = self.lookup(seq_id, gamma).map(|m| m.drafts).unwrap_or_default();
-        self.point_mass_drafts(&drafts, sample)
+        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample }])?;
+        Ok(drafted.pop().expect("one request, one answer"))
+    }
+
+    fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {
+        propose_unpriced(self, requests)
     }
 
     fn release(&self, seq_id: usize) {
         self.sequences.lock().unwrap().remove(&seq_id);
+        self.last.lock().unwrap().remove(&seq_id);
     }
 
     fn cache_len(&self, seq_id: usize) -> usize {
         self.sequences.lock().unwrap().get(&seq_id).map_or(0, NgramIndex::len)
+    }
+}
+
+impl ScoredProposer for NgramProposer {
+    /// The longest match's continuation, cut before the first draft `pricing` finds not
+    /// worth drafting (drafts cost nothing to make, so the cut comes after the lookup).
+    fn propose_scored(&self, requests: &mut [DraftRequest<'_>], pricing: &dyn DraftPricing) -> Result<Vec<ScoredDrafts>> {
+        requests
+            .iter_mut()
+            .enumerate()
+            .map(|(i, r)| match self.lookup(r.seq_id, r.gamma) {
+                Some(found) => {
+                    let score = self.keep_rates.lock().unwrap().rate(found.n) as f32;
+                    let scores = vec![score; found.drafts.len()];
+                    let count = (1..=scores.len()).take_while(|&k| pricing.worth_drafting(i, &scores[..k])).count();
+                    self.propose_found(r.seq_id, &found, count, &mut *r.sample)
+                }
+                None => self.propose_nothing(r.seq_id, &mut *r.sample),
+            })
+            .collect()
+    }
+
+    fn verifies(&self, seq_id: usize, verified: usize) {
+        if let Some(last) = self.last.lock().unwrap().get_mut(&seq_id) {
+            last.verified = verified.min(last.drafts.len());
+        }
     }
 }
 
@@ -298,6 +426,43 @@ mod tests {
         proposer.release(7);
         assert_eq!(proposer.live_sequences(), 0);
         assert_eq!(proposer.propose(7, 4, &mut |_| unreachable!()).unwrap().0, Vec::<u32>::new());
+    }
+
+    #[test]
+    fn keep_rates_start_at_the_prior_and_count_drafts_up_to_the_first_refusal() {
+        let mut rates = LookupKeepRates::new(2, 4, 0.5, 8.0);
+        assert_eq!(rates.rate(3), 0.5);
+        // 4 drafts, 2 kept: drafts 0, 1 kept, draft 2 refused, draft 3 never judged.
+        rates.record(3, 4, 2);
+        assert_eq!(rates.rate(3), (2.0 + 4.0) / (3.0 + 8.0));
+        // All 4 kept: 4 judged.
+        rates.record(3, 4, 4);
+        assert_eq!(rates.rate(3), (6.0 + 4.0) / (7.0 + 8.0));
+        assert_eq!(rates.rate(2), 0.5);
+    }
+
+    #[test]
+    fn keep_rates_learn_from_the_verified_drafts_only() {
+        let proposer = NgramProposer::new(NgramSettings { min_n: 1, max_n: 2 }, 10).unwrap();
+        let mut greedy = |row: &Tensor| row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>();
+        let observe = |tokens: &[u32]| {
+            proposer
+                .observe_target(&TargetFeatures { seq_id: 1, start: 0, layers: &[], next_tokens: &tokens[1..], tokens })
+                .unwrap()
+        };
+        // "1 2 3 4 1 2" continues as "3 4 1 2" after the 2-gram "1 2".
+        let mut tokens = vec![1, 2, 3, 4, 1, 2];
+        observe(&tokens);
+        let (drafts, _) = proposer.propose(1, 4, &mut greedy).unwrap();
+        assert_eq!(drafts, vec![3, 4, 1, 2]);
+        // The verify took two drafts, kept both and added a token equal to the third draft:
+        // 2 judged, 2 kept, the unverified ones not counted refused.
+        proposer.verifies(1, 2);
+        tokens.extend([3, 4, 1]);
+        observe(&tokens);
+        let rates = proposer.keep_rates();
+        assert_eq!(rates.rate(2), (2.0 + 4.0) / (2.0 + 8.0));
+        assert_eq!(rates.rate(1), 0.5);
     }
 
     #[test]

@@ -8,15 +8,16 @@
 //! measured on this machine ([`latency`]) or learned while decoding ([`learned_latency`],
 //! kept across restarts by [`latency_store`]),
 //! and the goodput-greedy choice of how many drafts each sequence verifies, alone or in a
-//! batch ([`schedule`]); [`verify_budget`] runs that choice
-//! in the engine with the EAGLE head's own confidence as β, or with the keep rates the
-//! running judge stack shows for each confidence ([`keep_rates`]).
+//! batch ([`schedule`]); [`verify_budget`] prices that choice with the proposer's own
+//! score of each draft as β, or with the keep rates the running judge stack shows for each
+//! score ([`keep_rates`]), and [`policy`] runs it in the engine over any proposer.
 
 pub mod indicators;
 pub mod keep_rates;
 pub mod latency;
 pub mod latency_store;
 pub mod learned_latency;
+pub mod policy;
 pub mod schedule;
 pub mod table;
 pub mod verify_budget;
