@@ -8,6 +8,7 @@ pub use verdict_eval::{bench, datasets, jsonl, paired, pool, subset, tasks, whee
 pub mod forward_cost;
 pub mod head_cost;
 pub mod matmul_cost;
+pub mod memory_bandwidth;
 pub mod model_fetch;
 pub mod openai_conventions;
 pub mod plot;

@@ -17,6 +17,7 @@ use verdict_cli::{
     datasets,
     forward_cost,
     matmul_cost,
+    memory_bandwidth,
     server,
     subset::Subset,
 };
@@ -589,11 +590,38 @@ fn forward_cost_command(
             t.kernel, t.forward_thread, t.decode_tokens_per_second, t.prompt_tokens_per_second
         );
     }
+    let cache = models::cache_dir(config.models.cache_dir.as_deref());
+    let target = models::resolve(&config.models.target, &cache).context("models.target")?;
+    // How near a one-token forward comes to streaming its weights at this machine's rate.
+    let bound = match &target {
+        models::ModelSource::Gguf(path) => {
+            let weights = memory_bandwidth::weights_read_per_token(path)?;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let read = memory_bandwidth::streaming_read(threads, 1 << 30, 5);
+            println!(
+                "\nthis machine streams {:.1} GB/s ({} threads, best of 5 passes over 1 GiB); a one-token forward reads {:.0} MB of weights, {:.1} ms at that rate",
+                read.gb_per_second,
+                read.threads,
+                weights as f64 / 1e6,
+                weights as f64 / read.gb_per_second / 1e6
+            );
+            for c in report.forwards.iter().filter(|c| c.tokens == 1) {
+                let rate = weights as f64 / c.milliseconds / 1e6;
+                println!(
+                    "- {} / {}: {:.1} ms, {rate:.1} GB/s, {:.0} % of the machine's rate",
+                    c.kernel,
+                    c.forward_thread,
+                    c.milliseconds,
+                    100.0 * rate / read.gb_per_second
+                );
+            }
+            Some(serde_json::json!({ "weights_read_per_token_bytes": weights, "streaming_read": read }))
+        }
+        models::ModelSource::Safetensors(_) => None,
+    };
     let matmuls = if matmul_repeats == 0 {
         Vec::new()
     } else {
-        let cache = models::cache_dir(config.models.cache_dir.as_deref());
-        let target = models::resolve(&config.models.target, &cache).context("models.target")?;
         match target {
             models::ModelSource::Gguf(path) => {
                 matmul_cost::measure(&path, &tokens, kernels, matmul_repeats)?
@@ -617,7 +645,7 @@ fn forward_cost_command(
         }
     }
     if let Some(out) = out {
-        let json = serde_json::json!({ "forwards": report.forwards, "throughput": report.throughput, "matmuls": matmuls });
+        let json = serde_json::json!({ "forwards": report.forwards, "throughput": report.throughput, "matmuls": matmuls, "memory": bound });
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One decode step of the default target on this machine, against the memory and llama.cpp:
+#   - `verdict forward-cost`: the one-token forward, the weights it streams, and this
+#     machine's streaming-read rate (so the share of the bound reached);
+#   - llama.cpp's `llama-bench` on the same GGUF with as many threads, when LLAMA_BENCH
+#     names its binary (built from the llama-cpp-python sdist, docs/patches-and-kernels.md);
+#   - where the cycles of decoding go, by function (`perf`, when installed).
+# Run it alone on the cores: pause background jobs (kill -STOP) first. REPEATS runs of each,
+# interleaved. Output: bench-results/decode-profile-*.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}"
+verdict="$CARGO_TARGET_DIR/release/verdict"
+threads="$(nproc)"
+model="$("$verdict" fetch-models qwen2.5-coder-1.5b-instruct-q4_k_m 2>/dev/null | sed -n 's/^[^:]*: //p' | tail -1)"
+mkdir -p bench-results
+for i in $(seq "${REPEATS:-2}"); do
+  "$verdict" forward-cost --config configs/default.toml --tokens 1,5,8 --kernels row-invariant \
+    --repeats 3 --matmul-repeats 0 --context-problems 3 --out "bench-results/decode-profile-forward-$i.json" 2>/dev/null
+  if [ -n "${LLAMA_BENCH:-}" ]; then
+    # A 256-token context, as forward-cost's ≈ 230-token prompt.
+    "$LLAMA_BENCH" -m "$model" -t "$threads" -p 5,8 -n 64 -d 256 -r 3 -o md 2>/dev/null
+  fi
+done
+if command -v perf > /dev/null; then
+  # Sampled while decoding only: attach once the model is loaded and the prompt is read.
+  "$verdict" forward-cost --config configs/default.toml --tokens 1 --kernels row-invariant \
+    --repeats 12 --matmul-repeats 0 --context-problems 3 > /dev/null 2>&1 &
+  pid=$!
+  sleep "${PERF_DELAY:-25}"
+  perf_data="$(mktemp)"
+  perf record -F 2999 -p "$pid" -o "$perf_data" -- sleep 10 2> /dev/null
+  kill "$pid" 2> /dev/null || true
+  perf report -i "$perf_data" --no-children --sort dso,symbol --stdio 2> /dev/null \
+    | grep '%' | head -25 | cut -c1-140
+fi
