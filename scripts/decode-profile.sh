@@ -32,5 +32,6 @@ if command -v perf > /dev/null; then
   perf record -F 2999 -p "$pid" -o "$perf_data" -- sleep 10 2> /dev/null
   kill "$pid" 2> /dev/null || true
   perf report -i "$perf_data" --no-children --sort dso,symbol --stdio 2> /dev/null \
-    | grep '%' | head -25 | cut -c1-140
+    | grep "%" | head -25 | cut -c1-140
+  rm -f "$perf_data"
 fi
