@@ -133,3 +133,49 @@ fn a_head_learns_the_targets_features_and_resumes_exactly() {
         }
     }
 }
+
+/// Mining with an EAGLE head (`train-head mine --eagle-head`): the prediction at each
+/// response position is the first draft the runtime drafter makes there after committing
+/// every position before it, so the mismatches mined are the ones speculation meets.
+#[test]
+fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
+    use std::sync::Arc;
+    use verdict::proposers::eagle::{SequenceDrafter, TokenEmbeddings};
+    use verdict_training::{eagle_capture::capture_layers, eagle_mine::EagleMiningEngine};
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec::new(TinyArch::Llama, 11);
+    write_tiny_model(&spec, &dir.path().join("target")).unwrap();
+    let config = Config::from_toml(&format!(
+        "[models]\ntarget = {:?}\n[speculative]\nenabled = false\n",
+        dir.path().join("target").to_str().unwrap()
+    ))
+    .unwrap();
+    let models = LoadedModels::load(&config).unwrap();
+    let vocab = models.target_fingerprint.vocab_size;
+    let (head, embeddings) = verdict::tiny_model::random_eagle3_head(spec.hidden_size, vocab, (0..vocab as u32).collect()).unwrap();
+    let (head, embeddings): (Arc<Eagle3Head>, Arc<dyn TokenEmbeddings>) = (Arc::new(head), Arc::new(embeddings));
+    let engines = MistralEngines::target_only(&models).unwrap();
+    let mut miner = EagleMiningEngine::with_head(engines, head.clone(), embeddings.clone(), LAYERS.to_vec());
+
+    let prompt: Vec<u32> = [3u32, 24, 41, 9].iter().map(|w| 7 + w).collect();
+    let response = miner.engines().greedy(Model::Target, &prompt, 16).unwrap();
+    let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
+    let predictions = miner.head_predictions(&tokens, prompt.len()).unwrap();
+    assert_eq!(predictions.len(), response.len());
+
+    let (_, aux) = capture_layers(miner.engines(), Model::Target, &tokens, &LAYERS).unwrap();
+    let aux = aux.to_dtype(DType::F32).unwrap();
+    let mut greedy = |row: &Tensor| Ok(row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>()?);
+    for (j, position) in (prompt.len()..tokens.len()).enumerate() {
+        // Committed: rows 0..position − 1, each with the token after it.
+        let mut drafter = SequenceDrafter::default();
+        drafter.commit(&head, &*embeddings, 0, &aux.narrow(0, 0, position - 1).unwrap(), &tokens[1..position]).unwrap();
+        let drafts = drafter.draft(&head, &*embeddings, 1, vocab, &mut greedy).unwrap();
+        assert_eq!(drafts.tokens[0], predictions[j], "position {position}: the drafter's first draft against the mined prediction");
+    }
+    let mut distinct = predictions.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() > 1, "a random head predicted one token everywhere ({predictions:?}): the comparison says nothing");
+}

@@ -14,7 +14,7 @@ use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
 use mistralrs_core::hidden_capture::CaptureRequest;
 
-use crate::engine::{MistralEngines, Model};
+use crate::engine::{MistralEngines, Model, RawForward};
 
 /// Best target logits kept per position: the soft label over the draft vocabulary is the
 /// softmax of those among them that the draft vocabulary holds.
@@ -90,6 +90,21 @@ pub fn capture_sequence(
     layers: &[usize],
 ) -> Result<SequenceFeatures> {
     ensure!(response_start < tokens.len(), "a response needs at least one token");
+    let (forward, aux) = capture_layers(engines, Model::Target, tokens, layers)?;
+    let (top_ids, top_logits) = top_k(&forward.logits, LABEL_TOP_K)?;
+    Ok(SequenceFeatures {
+        tokens: tokens.to_vec(),
+        response_start,
+        aux,
+        top_ids,
+        top_logits: top_logits.to_dtype(DType::F16)?,
+    })
+}
+
+/// One teacher-forced forward of `model` over every position of `tokens` (the prefix cache
+/// cleared first), recording the outputs of `layers`: the forward, and the layers side by
+/// side at each position, `(T, layers × H)` f16, in the order `layers` lists them.
+pub fn capture_layers(engines: &mut MistralEngines, model: Model, tokens: &[u32], layers: &[usize]) -> Result<(RawForward, Tensor)> {
     // Every position must be computed: a prefix-cache hit would leave positions unrecorded.
     engines.clear_prefix_caches();
     // A layer fused twice (tiny targets) is recorded once.
@@ -100,7 +115,7 @@ pub fn capture_sequence(
         layers: distinct,
         ..CaptureRequest::default()
     };
-    let (forward, states) = engines.capture(Model::Target, tokens, request)?;
+    let (forward, states) = engines.capture(model, tokens, request)?;
     ensure!(
         forward.first == 0,
         "the target computed positions {}.. only; the prefix cache supplied the rest",
@@ -118,14 +133,7 @@ pub fn capture_sequence(
                 .map_err(anyhow::Error::from)
         })
         .collect::<Result<Vec<_>>>()?;
-    let (top_ids, top_logits) = top_k(&forward.logits, LABEL_TOP_K)?;
-    Ok(SequenceFeatures {
-        tokens: tokens.to_vec(),
-        response_start,
-        aux: Tensor::cat(&aux, D::Minus1)?,
-        top_ids,
-        top_logits: top_logits.to_dtype(DType::F16)?,
-    })
+    Ok((forward, Tensor::cat(&aux, D::Minus1)?))
 }
 
 /// The `k` largest entries of each row of `logits` (T, V), best first: ids (T, k) u32 and

@@ -1,7 +1,8 @@
 //! `train-head`: mines labelled draft/target mismatches (AutoJudge's Algorithm 1), fits the
 //! heads the plugin loads, and reports how good they are.
 //!
-//! Data flow: [`miner`] (Algorithm 1 over a [`miner::MiningEngine`]) → [`labels`] (append-only
+//! Data flow: [`miner`] (Algorithm 1 over a [`miner::MiningEngine`]: a draft model, or an
+//! EAGLE head in [`eagle_mine`]) → [`labels`] (append-only
 //! JSONL, one line per problem) → features → [`fit`] (standardise, logistic regression over a
 //! grid, threshold table) → a `verdict_heads::LogisticHead` file.
 
@@ -10,6 +11,7 @@ pub mod eagle_adamw;
 pub mod eagle_capture;
 pub mod eagle_fit;
 pub mod eagle_loss;
+pub mod eagle_mine;
 pub mod eagle_pipeline;
 pub mod eagle_replay;
 pub mod engine;

@@ -15,6 +15,7 @@ use verdict_heads::FeatureSpec;
 use verdict_training::{
     autojudge_head::{fit_autojudge_head, FeatureModels},
     eagle_fit::EagleFitOptions,
+    eagle_mine::EagleMiningEngine,
     eagle_pipeline::{replay_held_out, train_eagle, EaglePlan},
     eagle_replay::DraftTree,
     engine::MistralEngines,
@@ -397,6 +398,10 @@ struct MineArgs {
     /// Cap on the total response length (prefix included) of every generation.
     #[arg(long, default_value_t = 320)]
     max_response_tokens: usize,
+    /// Mine the first drafts of this EAGLE-3 head instead of the draft model's (no draft
+    /// model is loaded): labels for a judge of EAGLE drafts, fitted with `fit --spec target`.
+    #[arg(long)]
+    eagle_head: Option<PathBuf>,
     #[command(flatten)]
     pad: PadArgs,
 }
@@ -475,6 +480,25 @@ fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
     Ok(())
 }
 
+/// Algorithm 1 over an EAGLE head's first drafts, into `--labels`.
+fn run_eagle_mine(args: &MineArgs) -> Result<()> {
+    let head = args.eagle_head.as_ref().ok_or_else(|| anyhow::anyhow!("--eagle-head"))?;
+    anyhow::ensure!(
+        args.pad.method == "autojudge",
+        "--eagle-head mines AutoJudge labels (--method autojudge); PAD's rollouts compare the draft model's tokens"
+    );
+    let config = Config::load(&args.task.config)?;
+    let models = LoadedModels::load_with_draft(&config, false)?;
+    let mut engine = EagleMiningEngine::new(&models, head)?;
+    let plan = MiningPlan {
+        problems: args.first..args.first + args.problems,
+        max_response_tokens: args.max_response_tokens,
+    };
+    let problems = args.task.problems()?;
+    mine(&mut engine, &gsm8k::Gsm8k, &problems, &plan, &args.labels.labels)?;
+    Ok(())
+}
+
 fn prompt_lookup<'a>(
     problems: &'a [gsm8k::Problem],
     split: &str,
@@ -538,6 +562,7 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::Mine(args)) if args.eagle_head.is_some() => run_eagle_mine(&args),
         Some(Command::Mine(args)) => run_mine(&args, &mut args.task.engines()?),
         Some(Command::Features(args)) if args.kind == "pad" => {
             let mut engines = args.task.engines()?;

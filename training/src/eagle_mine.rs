@@ -1,0 +1,111 @@
+//! AutoJudge's Algorithm 1 with an EAGLE-3 head as the drafter (the paper's EAGLE appendix):
+//! the mismatches are the positions where the head's first draft differs from the target's
+//! greedy token. No draft model is loaded; the head reads the target's own layers.
+//!
+//! The head's prediction at response position `a` is its first draft after a verify that
+//! committed every token before `a`: its committed row `a − 2` reads the target's layers at
+//! `a − 2` and the token at `a − 1` (the target had not yet read that token), and its output
+//! is the draft for `a`. One teacher-forced target forward over the context records the
+//! layers; one step of the head's unrolled forward then gives every position's draft at once.
+//! Only first drafts are mined: a step's later drafts read the head's own outputs, whose
+//! mismatches follow from the first ones.
+
+use std::{path::Path, sync::Arc};
+
+use anyhow::{ensure, Context, Result};
+use candle_core::{DType, D};
+use verdict::{
+    engine::LoadedModels,
+    proposers::{
+        eagle::TokenEmbeddings,
+        eagle_proposer::{capture_layers, target_embeddings},
+    },
+};
+use verdict_heads::{Eagle3Head, WeightFormat};
+
+use crate::{
+    eagle_capture,
+    engine::{MistralEngines, Model},
+    miner::{Continuation, MiningEngine},
+};
+
+/// Target continuations, and the head's first drafts along them.
+pub struct EagleMiningEngine {
+    engines: MistralEngines,
+    head: Arc<Eagle3Head>,
+    embeddings: Arc<dyn TokenEmbeddings>,
+    /// The target layers whose outputs the head fuses.
+    layers: Vec<usize>,
+}
+
+impl EagleMiningEngine {
+    /// The head in `head_dir`, checked against the loaded target, over target-only engines.
+    pub fn new(models: &LoadedModels, head_dir: &Path) -> Result<Self> {
+        let mut head = Eagle3Head::load(head_dir, &candle_core::Device::Cpu)?;
+        let fingerprint = &models.target_fingerprint;
+        head.check_target(&head_dir.display().to_string(), fingerprint)?;
+        head.quantize(WeightFormat::F32)?;
+        let layers = capture_layers(&head.config.aux_layers(fingerprint.num_layers), fingerprint.num_layers)
+            .with_context(|| format!("EAGLE-3 head {}", head_dir.display()))?;
+        Ok(Self {
+            engines: MistralEngines::target_only(models)?,
+            head: Arc::new(head),
+            embeddings: target_embeddings(&models.target_source)?,
+            layers,
+        })
+    }
+
+    /// Over a head and embeddings already loaded (tests).
+    pub fn with_head(engines: MistralEngines, head: Arc<Eagle3Head>, embeddings: Arc<dyn TokenEmbeddings>, layers: Vec<usize>) -> Self {
+        Self { engines, head, embeddings, layers }
+    }
+
+    pub fn engines(&mut self) -> &mut MistralEngines {
+        &mut self.engines
+    }
+
+    /// The head's first draft at each position `from..tokens.len()` of `tokens`, given every
+    /// token before it (target token ids).
+    pub fn head_predictions(&mut self, tokens: &[u32], from: usize) -> Result<Vec<u32>> {
+        ensure!(from >= 2, "the head drafts from position 2 on (it reads one committed row and the token after it); asked from {from}");
+        ensure!(from <= tokens.len(), "predictions from {from} of a {}-token sequence", tokens.len());
+        if from == tokens.len() {
+            return Ok(Vec::new());
+        }
+        // Rows 0..rows: the target's layers at each position, and the token after it.
+        let rows = tokens.len() - 2;
+        let (_, aux) = eagle_capture::capture_layers(&mut self.engines, Model::Target, &tokens[..rows], &self.layers)?;
+        let aux = aux.to_dtype(DType::F32)?;
+        let embeds = self.embeddings.embed(&tokens[1..rows + 1])?;
+        let out = self.head.forward_ttt_from(&aux, &[embeds], from - 2)?;
+        let best: Vec<u32> = out[0].logits.argmax(D::Minus1)?.to_vec1()?;
+        Ok(best.into_iter().map(|d| self.head.target_id(d)).collect())
+    }
+}
+
+impl MiningEngine for EagleMiningEngine {
+    fn start_problem(&mut self) -> Result<()> {
+        self.engines.clear_prefix_caches();
+        Ok(())
+    }
+
+    fn continue_response(&mut self, prompt: &str, prefix: &[u32], max_response_tokens: usize) -> Result<Continuation> {
+        let mut context = self.engines.prompt_tokens(prompt)?;
+        let prompt_len = context.len();
+        context.extend_from_slice(prefix);
+        let new = self.engines.greedy(Model::Target, &context, max_response_tokens.saturating_sub(prefix.len()))?;
+        let mut response = prefix.to_vec();
+        response.extend_from_slice(&new);
+        context.extend_from_slice(&new);
+        let predictions = match new.is_empty() {
+            true => Vec::new(),
+            false => self.head_predictions(&context, prompt_len + prefix.len())?,
+        };
+        Ok(Continuation { response, predictions })
+    }
+
+    fn decode(&self, tokens: &[u32]) -> Result<String> {
+        self.engines.decode(tokens)
+    }
+}
+
