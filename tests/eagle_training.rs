@@ -178,4 +178,35 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
     distinct.sort_unstable();
     distinct.dedup();
     assert!(distinct.len() > 1, "a random head predicted one token everywhere ({predictions:?}): the comparison says nothing");
+
+    // Features for such labels read the target alone (`features --target-only`): the draft
+    // side is empty, and only a target-feature head can be fitted on them.
+    use verdict_heads::FeatureSpec;
+    use verdict_training::{
+        autojudge_head::load_samples,
+        features::{feature_path, problem_features},
+        labels::{LabelStore, Mismatch, ProblemLabels},
+    };
+    let labels = ProblemLabels {
+        problem_id: 0,
+        target_answer: Some("1".into()),
+        mismatches: (0..2)
+            .map(|i| Mismatch { position: i, target_token: response[i], draft_token: predictions[i], important: i == 0, prefix: response[..i].to_vec() })
+            .collect(),
+        final_response: response.clone(),
+        generated_tokens: response.len(),
+        seconds: 0.0,
+    };
+    let label_file = dir.path().join("labels.jsonl");
+    LabelStore::open(&label_file).unwrap().append(&labels).unwrap();
+    let features = problem_features(miner.engines(), "Add one and one.", &labels).unwrap();
+    assert_eq!(features.target_last.dims(), &[2, spec.hidden_size]);
+    assert_eq!(features.draft_last.dims(), &[2, 0]);
+    let feature_dir = dir.path().join("judge-features");
+    std::fs::create_dir_all(&feature_dir).unwrap();
+    features.save(&feature_path(&feature_dir, 0)).unwrap();
+    let samples = load_samples(&label_file, &feature_dir, FeatureSpec::TargetOnly).unwrap();
+    assert_eq!(samples.iter().map(|s| s.features.len()).collect::<Vec<_>>(), vec![spec.hidden_size; 2]);
+    let err = format!("{:#}", load_samples(&label_file, &feature_dir, FeatureSpec::DraftAndTarget).unwrap_err());
+    assert!(err.contains("without a draft model") && err.contains("--spec target"), "{err}");
 }

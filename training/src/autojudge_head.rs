@@ -71,6 +71,11 @@ pub fn load_samples(labels: &Path, features: &Path, spec: FeatureSpec) -> Result
         }
         let f = ProblemFeatures::load(&path, problem.mismatches.len())?;
         let target: Vec<Vec<f32>> = f.target_last.to_vec2()?;
+        ensure!(
+            !spec.uses_draft() || f.draft_last.dim(1)? > 0,
+            "{}: the features were computed without a draft model (`features --target-only`, for labels mined with --eagle-head); fit them with --spec target",
+            path.display()
+        );
         let draft: Vec<Vec<f32>> = f.draft_last.to_vec2()?;
         for (i, m) in problem.mismatches.iter().enumerate() {
             let mut x = Vec::new();

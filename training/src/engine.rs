@@ -62,6 +62,8 @@ pub struct MistralEngines {
     /// Sequences the target engine runs at once: 1 for mining (one continuation at a
     /// time), 2N for PAD so all rollouts of a candidate share each forward.
     target_max_seqs: usize,
+    /// The draft slot runs the target ([`Self::target_only`]): there is no draft model.
+    target_only: bool,
 }
 
 async fn engines_over(
@@ -80,16 +82,21 @@ impl MistralEngines {
             .draft
             .as_ref()
             .context("mining needs a draft model (models.draft, speculative.enabled = true)")?;
-        Self::over(models, draft.clone())
+        Self::over(models, draft.clone(), false)
     }
 
     /// Engines for work that reads the target alone (EAGLE features): the draft slot runs
     /// the target too, so nothing asked of [`Model::Draft`] means a second model.
     pub fn target_only(models: &LoadedModels) -> Result<Self> {
-        Self::over(models, models.target.clone())
+        Self::over(models, models.target.clone(), true)
     }
 
-    fn over(models: &LoadedModels, draft: SharedPipeline) -> Result<Self> {
+    /// Whether these engines read the target alone (no draft model).
+    pub fn is_target_only(&self) -> bool {
+        self.target_only
+    }
+
+    fn over(models: &LoadedModels, draft: SharedPipeline, target_only: bool) -> Result<Self> {
         let (tokenizer, eos) = {
             let target = models.target.blocking_lock();
             let tokenizer = target
@@ -120,6 +127,7 @@ impl MistralEngines {
             last_draft_cached: 0,
             prompts: HashMap::new(),
             target_max_seqs: 1,
+            target_only,
         }
         .settled())
     }

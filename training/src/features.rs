@@ -61,7 +61,8 @@ fn last_hidden(engines: &MistralEngines, model: Model, tokens: &[u32]) -> Result
     )
 }
 
-/// The last hidden states of both models at every mismatch of one problem.
+/// The last hidden states of both models at every mismatch of one problem; with engines
+/// that read the target alone, the draft side is empty (`[mismatches, 0]`).
 pub fn problem_features(
     engines: &mut MistralEngines,
     prompt: &str,
@@ -93,10 +94,12 @@ pub fn problem_features(
             &Device::Cpu,
         )?)
     };
-    Ok(ProblemFeatures {
-        target_last: rows(Model::Target)?,
-        draft_last: rows(Model::Draft)?,
-    })
+    let target_last = rows(Model::Target)?;
+    let draft_last = match engines.is_target_only() {
+        true => Tensor::zeros((contexts.len(), 0), candle_core::DType::F32, &Device::Cpu)?,
+        false => rows(Model::Draft)?,
+    };
+    Ok(ProblemFeatures { target_last, draft_last })
 }
 
 /// Write `tensors` to `path` through a temporary file, so a killed run leaves either the

@@ -360,6 +360,10 @@ struct FeaturesArgs {
     labels: LabelArgs,
     #[command(flatten)]
     features: FeatureDirArgs,
+    /// Capture the target's states alone, loading no draft model: for labels mined with
+    /// `mine --eagle-head`, fitted with `fit --spec target`.
+    #[arg(long)]
+    target_only: bool,
 }
 
 #[derive(Args)]
@@ -576,12 +580,13 @@ fn main() -> Result<()> {
                 &args.pad.pad_features,
             )
         }
-        Some(Command::Features(args)) => run_features(
-            &args.task,
-            &args.labels,
-            &args.features,
-            &mut args.task.engines()?,
-        ),
+        Some(Command::Features(args)) => {
+            let mut engines = match args.target_only {
+                true => MistralEngines::target_only(&LoadedModels::load_with_draft(&Config::load(&args.task.config)?, false)?)?,
+                false => args.task.engines()?,
+            };
+            run_features(&args.task, &args.labels, &args.features, &mut engines)
+        }
         Some(Command::Fit(args)) if args.kind == "pad" => fit_pad_head(
             &args.pad.pad_labels,
             &args.pad.pad_features,
