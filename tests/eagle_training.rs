@@ -164,16 +164,32 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
     let predictions = miner.head_predictions(&tokens, prompt.len()).unwrap();
     assert_eq!(predictions.len(), response.len());
 
-    let (_, aux) = capture_layers(miner.engines(), Model::Target, &tokens, &LAYERS).unwrap();
-    let aux = aux.to_dtype(DType::F32).unwrap();
-    let mut greedy = |row: &Tensor| Ok(row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>()?);
-    for (j, position) in (prompt.len()..tokens.len()).enumerate() {
-        // Committed: rows 0..position − 1, each with the token after it.
-        let mut drafter = SequenceDrafter::default();
-        drafter.commit(&head, &*embeddings, 0, &aux.narrow(0, 0, position - 1).unwrap(), &tokens[1..position]).unwrap();
-        let drafts = drafter.draft(&head, &*embeddings, 1, vocab, &mut greedy).unwrap();
-        assert_eq!(drafts.tokens[0], predictions[j], "position {position}: the drafter's first draft against the mined prediction");
-    }
+    // The runtime drafter's first draft at each position from `from` on, committing rows
+    // 0..position − 1 (each with the token after it) of a capture of the whole sequence.
+    let mut drafter_firsts = |miner: &mut EagleMiningEngine, tokens: &[u32], from: usize| -> Vec<u32> {
+        let (_, aux) = capture_layers(miner.engines(), Model::Target, tokens, &LAYERS).unwrap();
+        let aux = aux.to_dtype(DType::F32).unwrap();
+        let mut greedy = |row: &Tensor| Ok(row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>()?);
+        (from..tokens.len())
+            .map(|position| {
+                let mut drafter = SequenceDrafter::default();
+                drafter.commit(&head, &*embeddings, 0, &aux.narrow(0, 0, position - 1).unwrap(), &tokens[1..position]).unwrap();
+                drafter.draft(&head, &*embeddings, 1, vocab, &mut greedy).unwrap().tokens[0]
+            })
+            .collect()
+    };
+    // A continuation after a swap shares the prompt and three response tokens with the first:
+    // its layers there come from the first capture, the rest from a partial forward.
+    let swapped = prompt.len() + 3;
+    let mut second: Vec<u32> = tokens[..swapped].to_vec();
+    second.push(predictions[3]);
+    let rest = miner.engines().greedy(Model::Target, &second, 8).unwrap();
+    second.extend(rest);
+    let second_predictions = miner.head_predictions(&second, swapped).unwrap();
+    assert!(miner.reused_rows() >= swapped - 2, "the second capture recomputed the shared prefix ({} rows reused)", miner.reused_rows());
+    // The references capture each sequence whole (clearing the caches).
+    assert_eq!(drafter_firsts(&mut miner, &tokens, prompt.len()), predictions, "the drafter's first drafts against the mined predictions");
+    assert_eq!(drafter_firsts(&mut miner, &second, swapped), second_predictions, "after a swap, with layers reused");
     let mut distinct = predictions.clone();
     distinct.sort_unstable();
     distinct.dedup();

@@ -107,6 +107,18 @@ pub fn capture_sequence(
 pub fn capture_layers(engines: &mut MistralEngines, model: Model, tokens: &[u32], layers: &[usize]) -> Result<(RawForward, Tensor)> {
     // Every position must be computed: a prefix-cache hit would leave positions unrecorded.
     engines.clear_prefix_caches();
+    let (forward, aux) = capture_layers_after_cache(engines, model, tokens, layers)?;
+    ensure!(
+        forward.first == 0,
+        "the target computed positions {}.. only; the prefix cache supplied the rest",
+        forward.first
+    );
+    Ok((forward, aux))
+}
+
+/// [`capture_layers`] of the positions `model`'s prefix cache does not hold: the forward
+/// (computed from `forward.first` on) and the layers at those positions only.
+pub fn capture_layers_after_cache(engines: &MistralEngines, model: Model, tokens: &[u32], layers: &[usize]) -> Result<(RawForward, Tensor)> {
     // A layer fused twice (tiny targets) is recorded once.
     let mut distinct: Vec<i64> = layers.iter().map(|&l| l as i64).collect();
     distinct.sort_unstable();
@@ -116,11 +128,6 @@ pub fn capture_layers(engines: &mut MistralEngines, model: Model, tokens: &[u32]
         ..CaptureRequest::default()
     };
     let (forward, states) = engines.capture(model, tokens, request)?;
-    ensure!(
-        forward.first == 0,
-        "the target computed positions {}.. only; the prefix cache supplied the rest",
-        forward.first
-    );
     let by_layer: HashMap<usize, Tensor> = states.layers.into_iter().collect();
     let aux = layers
         .iter()

@@ -7,13 +7,16 @@
 //! `a − 2` and the token at `a − 1` (the target had not yet read that token), and its output
 //! is the draft for `a`. One teacher-forced target forward over the context records the
 //! layers; one step of the head's unrolled forward then gives every position's draft at once.
+//! A continuation shares its prompt and prefix with an earlier one of the problem: those
+//! positions' layers are taken from it, and the target computes only the rest (its prefix
+//! cache in an engine that serves these captures alone).
 //! Only first drafts are mined: a step's later drafts read the head's own outputs, whose
 //! mismatches follow from the first ones.
 
 use std::{path::Path, sync::Arc};
 
 use anyhow::{ensure, Context, Result};
-use candle_core::{DType, D};
+use candle_core::{DType, Tensor, D};
 use verdict::{
     engine::LoadedModels,
     proposers::{
@@ -36,6 +39,11 @@ pub struct EagleMiningEngine {
     embeddings: Arc<dyn TokenEmbeddings>,
     /// The target layers whose outputs the head fuses.
     layers: Vec<usize>,
+    /// This problem's captured sequences and their layers, `(T, 3H)` f16: the rows a later
+    /// capture's prefix-cache hit leaves out.
+    captured: Vec<(Vec<u32>, Tensor)>,
+    /// Rows of layers taken from earlier captures instead of computed (for logs and tests).
+    reused_rows: usize,
 }
 
 impl EagleMiningEngine {
@@ -52,12 +60,19 @@ impl EagleMiningEngine {
             head: Arc::new(head),
             embeddings: target_embeddings(&models.target_source)?,
             layers,
+            captured: Vec::new(),
+            reused_rows: 0,
         })
     }
 
     /// Over a head and embeddings already loaded (tests).
     pub fn with_head(engines: MistralEngines, head: Arc<Eagle3Head>, embeddings: Arc<dyn TokenEmbeddings>, layers: Vec<usize>) -> Self {
-        Self { engines, head, embeddings, layers }
+        Self { engines, head, embeddings, layers, captured: Vec::new(), reused_rows: 0 }
+    }
+
+    /// Rows of target layers taken from earlier captures so far instead of computed.
+    pub fn reused_rows(&self) -> usize {
+        self.reused_rows
     }
 
     pub fn engines(&mut self) -> &mut MistralEngines {
@@ -74,8 +89,7 @@ impl EagleMiningEngine {
         }
         // Rows 0..rows: the target's layers at each position, and the token after it.
         let rows = tokens.len() - 2;
-        let (_, aux) = eagle_capture::capture_layers(&mut self.engines, Model::Target, &tokens[..rows], &self.layers)?;
-        let aux = aux.to_dtype(DType::F32)?;
+        let aux = self.layers_of(&tokens[..rows])?.to_dtype(DType::F32)?;
         let embeds = self.embeddings.embed(&tokens[1..rows + 1])?;
         let out = self.head.forward_ttt_from(&aux, &[embeds], from - 2)?;
         let best: Vec<u32> = out[0].logits.argmax(D::Minus1)?.to_vec1()?;
@@ -83,9 +97,33 @@ impl EagleMiningEngine {
     }
 }
 
+impl EagleMiningEngine {
+    /// The target's layers at every position of `tokens`, `(T, 3H)` f16: computed past what
+    /// an earlier capture of this problem shares with it, taken from that capture before.
+    fn layers_of(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        // Captures run in the second target engine, whose prefix cache holds only them.
+        let (forward, fresh) = eagle_capture::capture_layers_after_cache(&self.engines, Model::Draft, tokens, &self.layers)?;
+        let aux = match forward.first {
+            0 => fresh,
+            first => match self.captured.iter().find(|(earlier, _)| earlier.len() >= first && earlier[..first] == tokens[..first]) {
+                Some((_, earlier)) => {
+                    self.reused_rows += first;
+                    Tensor::cat(&[&earlier.narrow(0, 0, first)?, &fresh], 0)?
+                }
+                // The cache held a sequence this engine did not record: capture it whole.
+                None => eagle_capture::capture_layers(&mut self.engines, Model::Draft, tokens, &self.layers)?.1,
+            },
+        };
+        ensure!(aux.dim(0)? == tokens.len(), "{} rows of layers for {} positions", aux.dim(0)?, tokens.len());
+        self.captured.push((tokens.to_vec(), aux.clone()));
+        Ok(aux)
+    }
+}
+
 impl MiningEngine for EagleMiningEngine {
     fn start_problem(&mut self) -> Result<()> {
         self.engines.clear_prefix_caches();
+        self.captured.clear();
         Ok(())
     }
 
@@ -93,7 +131,9 @@ impl MiningEngine for EagleMiningEngine {
         let mut context = self.engines.prompt_tokens(prompt)?;
         let prompt_len = context.len();
         context.extend_from_slice(prefix);
+        let started = std::time::Instant::now();
         let new = self.engines.greedy(Model::Target, &context, max_response_tokens.saturating_sub(prefix.len()))?;
+        let generated = started.elapsed().as_secs_f64();
         let mut response = prefix.to_vec();
         response.extend_from_slice(&new);
         context.extend_from_slice(&new);
@@ -101,6 +141,13 @@ impl MiningEngine for EagleMiningEngine {
             true => Vec::new(),
             false => self.head_predictions(&context, prompt_len + prefix.len())?,
         };
+        tracing::debug!(
+            "target: {} new tokens in {generated:.1}s; head: {} predictions over {} positions in {:.1}s",
+            new.len(),
+            predictions.len(),
+            context.len(),
+            started.elapsed().as_secs_f64() - generated
+        );
         Ok(Continuation { response, predictions })
     }
 
