@@ -207,7 +207,7 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
         problem_id: 0,
         target_answer: Some("1".into()),
         mismatches: (0..2)
-            .map(|i| Mismatch { position: i, target_token: response[i], draft_token: predictions[i], important: i == 0, prefix: response[..i].to_vec() })
+            .map(|i| Mismatch { position: i, target_token: response[i], draft_token: predictions[i], important: i == 0, prefix: response[..i].to_vec(), shortcut: false })
             .collect(),
         final_response: response.clone(),
         generated_tokens: response.len(),

@@ -28,7 +28,7 @@ use verdict_heads::{Eagle3Head, WeightFormat};
 
 use crate::{
     eagle_capture,
-    engine::{MistralEngines, Model},
+    engine::{MistralEngines, Model, TARGET_TOP_K},
     miner::{Continuation, MiningEngine},
 };
 
@@ -132,7 +132,8 @@ impl MiningEngine for EagleMiningEngine {
         let prompt_len = context.len();
         context.extend_from_slice(prefix);
         let started = std::time::Instant::now();
-        let new = self.engines.greedy(Model::Target, &context, max_response_tokens.saturating_sub(prefix.len()))?;
+        let (new, target_top) =
+            self.engines.greedy_with_top(Model::Target, &context, max_response_tokens.saturating_sub(prefix.len()), TARGET_TOP_K)?;
         let generated = started.elapsed().as_secs_f64();
         let mut response = prefix.to_vec();
         response.extend_from_slice(&new);
@@ -148,7 +149,7 @@ impl MiningEngine for EagleMiningEngine {
             context.len(),
             started.elapsed().as_secs_f64() - generated
         );
-        Ok(Continuation { response, predictions })
+        Ok(Continuation { response, predictions, target_top })
     }
 
     fn decode(&self, tokens: &[u32]) -> Result<String> {

@@ -32,6 +32,9 @@ use crate::{
     pad_mine::RolloutEngine,
 };
 
+/// The target's best tokens reported at each mined position (for `mine --important-below`).
+pub const TARGET_TOP_K: usize = 8;
+
 /// The logits of one teacher-forced forward: row i follows token `first + i`.
 pub struct RawForward {
     pub first: usize,
@@ -318,8 +321,14 @@ impl MistralEngines {
 
     /// `model`'s greedy tokens after `context`, at most `max_new`, EOS excluded.
     pub fn greedy(&self, model: Model, context: &[u32], max_new: usize) -> Result<Vec<u32>> {
+        Ok(self.greedy_with_top(model, context, max_new, 1)?.0)
+    }
+
+    /// [`Self::greedy`], with `model`'s `k` best tokens and their probabilities at each
+    /// position, best first.
+    pub fn greedy_with_top(&self, model: Model, context: &[u32], max_new: usize, k: usize) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
         if max_new == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let sampling = SamplingConfig {
             max_tokens: max_new,
@@ -329,8 +338,13 @@ impl MistralEngines {
             self.engine(model),
             &Prompt::Tokens(context.to_vec()),
             &sampling,
-            1,
+            k.max(1),
         ))?;
+        let mut top: Vec<Vec<(u32, f32)>> = generation
+            .top_tokens
+            .iter()
+            .map(|(_, candidates)| candidates.iter().map(|&(id, _, logprob)| (id, logprob.exp())).collect())
+            .collect();
         // Under greedy decoding the emitted token is the best candidate at each step.
         let mut tokens = generation
             .top_tokens
@@ -341,13 +355,14 @@ impl MistralEngines {
         // The EOS that ended the response is reported too; it is not response text.
         if tokens.last().is_some_and(|t| self.eos.contains(t)) {
             tokens.pop();
+            top.pop();
         }
         ensure!(
             tokens.len() <= max_new,
             "the engine returned {} tokens for a cap of {max_new}",
             tokens.len()
         );
-        Ok(tokens)
+        Ok((tokens, top))
     }
 
     /// The draft's arg-max next token after each position the forward computed:
@@ -374,10 +389,11 @@ impl MiningEngine for MistralEngines {
         let prompt_len = context.len();
         context.extend_from_slice(prefix);
         let started = std::time::Instant::now();
-        let new = self.greedy(
+        let (new, target_top) = self.greedy_with_top(
             Model::Target,
             &context,
             max_response_tokens.saturating_sub(prefix.len()),
+            TARGET_TOP_K,
         )?;
         let generated = started.elapsed().as_secs_f64();
         let mut response = prefix.to_vec();
@@ -406,6 +422,7 @@ impl MiningEngine for MistralEngines {
         Ok(Continuation {
             response,
             predictions,
+            target_top,
         })
     }
 

@@ -23,6 +23,10 @@ pub struct Mismatch {
     pub important: bool,
     /// The response tokens before `position` when the swap was tested.
     pub prefix: Vec<u32>,
+    /// Labelled important without a regeneration: the target gave the draft token almost
+    /// no probability (`mine --important-below`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shortcut: bool,
 }
 
 /// Everything mined from one problem.

@@ -8,7 +8,7 @@ use verdict_eval::tasks::TaskAdapter;
 
 use crate::{
     labels::{LabelStore, ProblemLabels},
-    miner::{mine_problem, MiningEngine},
+    miner::{mine_problem_with, MiningEngine},
 };
 
 /// What one mining run covers.
@@ -17,6 +17,9 @@ pub struct MiningPlan {
     /// Indices into the split, in order.
     pub problems: std::ops::Range<usize>,
     pub max_response_tokens: usize,
+    /// Label a draft the target gives less than this probability important without a
+    /// regeneration ([`crate::miner::mine_problem_with`]); `None`: test every mismatch.
+    pub important_below: Option<f32>,
 }
 
 /// Totals over the label file, for the log and the note.
@@ -106,7 +109,7 @@ where
     let mut run_tokens = 0usize;
     for id in todo {
         let prompt = task.prompt(&problems[id]);
-        let mined = mine_problem(engine, task, id, &prompt, plan.max_response_tokens)?;
+        let mined = mine_problem_with(engine, task, id, &prompt, plan.max_response_tokens, plan.important_below)?;
         store.append(&mined)?;
         totals.add(&mined);
         run_tokens += mined.generated_tokens;

@@ -25,6 +25,9 @@ pub struct Continuation {
     /// The draft's arg-max at each position from `prefix.len()` on, given the response
     /// tokens before it (what the draft proposes there when speculating).
     pub predictions: Vec<u32>,
+    /// The target's best tokens and their probabilities at each position from
+    /// `prefix.len()` on, best first (empty: the engine does not report them).
+    pub target_top: Vec<Vec<(u32, f32)>>,
 }
 
 /// What Algorithm 1 needs from the models.
@@ -57,11 +60,26 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     prompt: &str,
     max_response_tokens: usize,
 ) -> Result<ProblemLabels> {
+    mine_problem_with(engine, task, problem_id, prompt, max_response_tokens, None)
+}
+
+/// [`mine_problem`] with the AutoJudge paper's shortcut for EAGLE mining: a draft token the
+/// target gives less than `important_below` (its probability among the target's best tokens,
+/// or below the least of them when it is not there) is labelled important without a
+/// regeneration. Saves the continuations of drafts the target would almost never write.
+pub fn mine_problem_with<E: MiningEngine, T: TaskAdapter>(
+    engine: &mut E,
+    task: &T,
+    problem_id: usize,
+    prompt: &str,
+    max_response_tokens: usize,
+    important_below: Option<f32>,
+) -> Result<ProblemLabels> {
     let start = Instant::now();
     engine.start_problem()?;
     let first = continuation(engine, prompt, &[], max_response_tokens)?;
     let mut generated = first.response.len();
-    let (mut y, mut predicted) = (first.response, first.predictions);
+    let (mut y, mut predicted, mut top) = (first.response, first.predictions, first.target_top);
     let alpha = task.committed_answer(&engine.decode(&y)?);
     let mut mismatches = Vec::new();
     if alpha.is_none() {
@@ -70,6 +88,21 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     }
     let mut after = 0;
     while let Some(t) = (after..predicted.len()).find(|&i| y[i] != predicted[i]) {
+        let unlikely = important_below.zip(top.get(t)).is_some_and(|(below, top)| {
+            probability_bound(top, predicted[t]).is_some_and(|p| p < below)
+        });
+        if unlikely {
+            mismatches.push(Mismatch {
+                position: t,
+                target_token: y[t],
+                draft_token: predicted[t],
+                important: true,
+                prefix: y[..t].to_vec(),
+                shortcut: true,
+            });
+            after = t + 1;
+            continue;
+        }
         let mut prefix = y[..t].to_vec();
         prefix.push(predicted[t]);
         let swapped = continuation(engine, prompt, &prefix, max_response_tokens)?;
@@ -86,10 +119,13 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
             draft_token: predicted[t],
             important: !equivalent,
             prefix: y[..t].to_vec(),
+            shortcut: false,
         });
         if equivalent {
             predicted.truncate(t + 1);
             predicted.extend(swapped.predictions);
+            top.truncate(t + 1);
+            top.extend(swapped.target_top);
             y = swapped.response;
         }
         after = t + 1;
@@ -102,6 +138,15 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
         generated_tokens: generated,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// The probability the target gives `token` among its best tokens `top`, or the least of
+/// theirs when it is not among them (a bound from above); `None` when none are known.
+pub fn probability_bound(top: &[(u32, f32)], token: u32) -> Option<f32> {
+    match top.iter().find(|(t, _)| *t == token) {
+        Some(&(_, p)) => Some(p),
+        None => top.iter().map(|&(_, p)| p).reduce(f32::min),
+    }
 }
 
 /// [`MiningEngine::continue_response`], checked: the response extends the prefix and there
@@ -122,6 +167,12 @@ fn continuation<E: MiningEngine>(
         "draft predicted {} positions for {} new tokens",
         c.predictions.len(),
         c.response.len() - prefix.len()
+    );
+    ensure!(
+        c.target_top.is_empty() || c.target_top.len() == c.predictions.len(),
+        "the target's best tokens at {} positions for {} new tokens",
+        c.target_top.len(),
+        c.predictions.len()
     );
     Ok(c)
 }

@@ -13,7 +13,7 @@ use verdict_eval::tasks::TaskAdapter;
 use verdict_training::{
     labels::{LabelStore, ProblemLabels},
     mine::{mine as run_mining, MiningPlan},
-    miner::{mine_problem, Continuation, MiningEngine},
+    miner::{mine_problem, mine_problem_with, probability_bound, Continuation, MiningEngine},
 };
 
 const BASE: [u32; 8] = [10, 12, 14, 16, 18, 20, 22, 40];
@@ -32,6 +32,9 @@ struct Scripted {
     /// Fail (as a killed run would stop) after this many calls.
     fail_after: Option<usize>,
     calls: Cell<usize>,
+    /// Report the target's best tokens: its own at 0.95 and a runner-up at this probability
+    /// (never a draft token, so a draft's probability is bounded by it).
+    runner_up: Option<f32>,
 }
 
 impl Scripted {
@@ -39,7 +42,12 @@ impl Scripted {
         Self {
             fail_after,
             calls: Cell::new(0),
+            runner_up: None,
         }
+    }
+
+    fn reporting_top(self, runner_up: f32) -> Self {
+        Self { runner_up: Some(runner_up), ..self }
     }
 
     fn tick(&self) -> Result<()> {
@@ -87,9 +95,14 @@ impl MiningEngine for Scripted {
         let predictions = (prefix.len()..response.len())
             .map(|i| Self::draft_at(&response, i))
             .collect();
+        let target_top = match self.runner_up {
+            Some(p) => (prefix.len()..response.len()).map(|i| vec![(response[i], 0.95), (1, p)]).collect(),
+            None => Vec::new(),
+        };
         Ok(Continuation {
             response,
             predictions,
+            target_top,
         })
     }
 
@@ -175,6 +188,7 @@ fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
     let plan = MiningPlan {
         problems: 0..3,
         max_response_tokens: 100,
+        important_below: None,
     };
     // Each problem takes 4 engine calls; the engine dies in the middle of problem 1.
     assert!(run_mining(
@@ -253,4 +267,29 @@ fn a_swap_whose_continuation_commits_to_nothing_is_important() {
         .map(|m| m.important)
         .collect();
     assert_eq!(important, reference);
+}
+
+/// The AutoJudge paper's shortcut: a draft the target gives less than the bound is labelled
+/// important without a regeneration; with a bound below every reported probability each
+/// mismatch is tested, and the labels are plain Algorithm 1's.
+#[test]
+fn unlikely_drafts_are_important_without_a_regeneration() {
+    let mut engine = Scripted::new(None).reporting_top(0.004);
+    let labels = mine_problem_with(&mut engine, &LastNumber, 7, "p", 100, Some(0.01)).unwrap();
+    assert_eq!(engine.calls.get(), 1, "a mismatch was regenerated");
+    assert_eq!(labels.mismatches.iter().map(|m| (m.position, m.important, m.shortcut)).collect::<Vec<_>>(), vec![(1, true, true), (6, true, true)]);
+
+    let mut engine = Scripted::new(None).reporting_top(0.004);
+    let tested = mine_problem_with(&mut engine, &LastNumber, 7, "p", 100, Some(0.001)).unwrap();
+    let plain = mine_problem(&mut Scripted::new(None), &LastNumber, 7, "p", 100).unwrap();
+    assert_eq!(tested.mismatches, plain.mismatches);
+    assert!(tested.mismatches.iter().all(|m| !m.shortcut) && engine.calls.get() > 1);
+}
+
+#[test]
+fn a_drafts_probability_is_read_or_bounded_by_the_least_reported() {
+    let top = [(5, 0.6), (9, 0.3), (2, 0.05)];
+    assert_eq!(probability_bound(&top, 9), Some(0.3));
+    assert_eq!(probability_bound(&top, 7), Some(0.05), "not among them: below the least");
+    assert_eq!(probability_bound(&[], 7), None);
 }

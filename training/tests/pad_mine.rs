@@ -57,6 +57,7 @@ fn mismatch(position: usize, target_token: u32, draft_token: u32) -> Mismatch {
         draft_token,
         important: false,
         prefix: vec![1; position],
+        shortcut: false,
     }
 }
 
