@@ -1,6 +1,6 @@
 //! `train-head`: mine GSM8K for important tokens, compute features, fit the heads.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -8,9 +8,7 @@ use verdict::{
     config::Config,
     engine::LoadedModels,
 };
-use verdict_eval::{
-    tasks::{gsm8k, TaskAdapter},
-};
+use verdict_eval::tasks::{gsm8k, math::Math, GivenPrompts, TaskAdapter};
 use verdict_heads::FeatureSpec;
 use verdict_training::{
     autojudge_head::{fit_autojudge_head, FeatureModels},
@@ -22,6 +20,7 @@ use verdict_training::{
     features::compute_features,
     fit::FitOptions,
     mine::{mine, MiningPlan},
+    miner::MiningEngine,
     pad_fit::PadFitOptions,
     pad_head::{compute_pad_features, fit_pad_head},
     pad_mine::{mine_pivots, PadPlan},
@@ -285,6 +284,13 @@ struct TaskArgs {
     data_dir: Option<PathBuf>,
     #[arg(long, default_value = "train")]
     split: String,
+    /// Mine the prompts of this file (`train-head mixture` writes one) whose `source` is
+    /// `--source`, instead of GSM8K's split; problem ids are their order among those.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Which prompts of `--prompts` to mine, their answers read as that task reads them.
+    #[arg(long, value_parser = ["gsm8k", "math"])]
+    source: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -453,6 +459,43 @@ impl TaskArgs {
         gsm8k::load(&self.config_and_data_dir()?.1, &self.split)
     }
 
+    /// The single-turn prompts of `--prompts` from `--source`, in file order; `None` without
+    /// `--prompts`.
+    fn given_prompts(&self) -> Result<Option<Vec<String>>> {
+        let Some(path) = &self.prompts else {
+            anyhow::ensure!(self.source.is_none(), "--source {:?} picks prompts of a --prompts file; none was named", self.source);
+            return Ok(None);
+        };
+        let source = self.source.as_deref().ok_or_else(|| anyhow::anyhow!("--prompts {}: say which prompts to mine with --source (gsm8k or math)", path.display()))?;
+        let prompts: Vec<String> = verdict_eval::prompts::load(path)?
+            .into_iter()
+            .filter(|r| r.source == source)
+            .map(|r| r.prompt.ok_or_else(|| anyhow::anyhow!("{}: record {:?} is a chat; mining takes single prompts", path.display(), r.id)))
+            .collect::<Result<_>>()?;
+        anyhow::ensure!(!prompts.is_empty(), "{} holds no prompt from source {source:?}", path.display());
+        Ok(Some(prompts))
+    }
+
+    /// The prompt of each problem id: `--prompts`' or the GSM8K split's.
+    fn prompt_of(&self) -> Result<Box<dyn Fn(usize) -> Result<String>>> {
+        let prompts: Vec<String> = match self.given_prompts()? {
+            Some(prompts) => prompts,
+            None => self.problems()?.iter().map(|p| gsm8k::Gsm8k.prompt(p)).collect(),
+        };
+        let from = self.prompts.as_ref().map_or_else(|| format!("split {}", self.split), |p| p.display().to_string());
+        Ok(Box::new(move |id| prompts.get(id).cloned().ok_or_else(|| anyhow::anyhow!("problem {id} is not in {from}"))))
+    }
+
+    /// Algorithm 1 over this task's problems with `engine`.
+    fn mine(&self, engine: &mut impl MiningEngine, plan: &MiningPlan, labels: &Path) -> Result<()> {
+        match (self.given_prompts()?, self.source.as_deref()) {
+            (Some(prompts), Some("math")) => mine(engine, &GivenPrompts(Math), &prompts, plan, labels)?,
+            (Some(prompts), _) => mine(engine, &GivenPrompts(gsm8k::Gsm8k), &prompts, plan, labels)?,
+            (None, _) => mine(engine, &gsm8k::Gsm8k, &self.problems()?, plan, labels)?,
+        };
+        Ok(())
+    }
+
     fn engines(&self) -> Result<MistralEngines> {
         let config = Config::load(&self.config)?;
         MistralEngines::new(&LoadedModels::load(&config)?)
@@ -485,15 +528,7 @@ fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
         max_response_tokens: args.max_response_tokens,
         important_below: (args.important_below > 0.0).then_some(args.important_below),
     };
-    let problems = args.task.problems()?;
-    mine(
-        engines,
-        &gsm8k::Gsm8k,
-        &problems,
-        &plan,
-        &args.labels.labels,
-    )?;
-    Ok(())
+    args.task.mine(engines, &plan, &args.labels.labels)
 }
 
 /// Algorithm 1 over an EAGLE head's first drafts, into `--labels`.
@@ -511,9 +546,7 @@ fn run_eagle_mine(args: &MineArgs) -> Result<()> {
         max_response_tokens: args.max_response_tokens,
         important_below: (args.important_below > 0.0).then_some(args.important_below),
     };
-    let problems = args.task.problems()?;
-    mine(&mut engine, &gsm8k::Gsm8k, &problems, &plan, &args.labels.labels)?;
-    Ok(())
+    args.task.mine(&mut engine, &plan, &args.labels.labels)
 }
 
 fn prompt_lookup<'a>(
@@ -543,13 +576,7 @@ fn run_features(
     } else {
         loaded.save(dir)?;
     }
-    let problems = task.problems()?;
-    compute_features(
-        engines,
-        prompt_lookup(&problems, &task.split),
-        &labels.labels,
-        dir,
-    )
+    compute_features(engines, task.prompt_of()?, &labels.labels, dir)
 }
 
 fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs) -> Result<()> {

@@ -26,3 +26,48 @@ pub trait TaskAdapter {
         a.trim() == b.trim()
     }
 }
+
+/// A task's answer reading over prompts given as text (a prompts file's) instead of its own
+/// problems: what mining needs, which compares a response's answer with another response's
+/// and never with a reference. Such a problem has no reference, so none is correct.
+pub struct GivenPrompts<A>(pub A);
+
+impl<A: TaskAdapter> TaskAdapter for GivenPrompts<A> {
+    type Problem = String;
+
+    fn prompt(&self, problem: &String) -> String {
+        problem.clone()
+    }
+
+    fn extract_answer(&self, response: &str) -> Option<String> {
+        self.0.extract_answer(response)
+    }
+
+    fn committed_answer(&self, response: &str) -> Option<String> {
+        self.0.committed_answer(response)
+    }
+
+    fn is_correct(&self, _: &String, _: &str) -> bool {
+        false
+    }
+
+    fn answers_equivalent(&self, a: &str, b: &str) -> bool {
+        self.0.answers_equivalent(a, b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_prompts_read_answers_as_their_task_does() {
+        let math = GivenPrompts(math::Math);
+        assert_eq!(math.prompt(&"Solve x.".to_string()), "Solve x.");
+        assert_eq!(math.committed_answer("so \\boxed{\\dfrac{1}{2}}"), Some("\\dfrac{1}{2}".to_string()));
+        assert!(math.answers_equivalent("\\dfrac{1}{2}", "\\frac12"), "MATH's normalisation applies");
+        let gsm8k = GivenPrompts(gsm8k::Gsm8k);
+        assert_eq!(gsm8k.committed_answer("The final answer is 1,200."), gsm8k::Gsm8k.committed_answer("The final answer is 1,200."));
+        assert!(!gsm8k.is_correct(&String::new(), "The final answer is 3."), "no reference, nothing correct");
+    }
+}
