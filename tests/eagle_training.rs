@@ -20,6 +20,14 @@ use verdict_training::{
 
 const LAYERS: [usize; 3] = [0, 1, 1];
 
+/// mistral.rs's hidden-state capture is armed for the whole process: tests that capture run
+/// one at a time, or one would record the other's forwards.
+static CAPTURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn capturing() -> std::sync::MutexGuard<'static, ()> {
+    CAPTURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Features of the tiny target's greedy responses to 12 prompts, in `dir/features`.
 fn captured(dir: &Path) -> (LoadedModels, Vec<PathBuf>, Vec<Vec<u32>>) {
     let spec = TinySpec::new(TinyArch::Llama, 11);
@@ -82,6 +90,7 @@ fn params(trainer: &EagleTrainer) -> Vec<(String, Vec<f32>)> {
 
 #[test]
 fn a_head_learns_the_targets_features_and_resumes_exactly() {
+    let _capturing = capturing();
     let dir = tempfile::tempdir().unwrap();
     let (models, files, responses) = captured(dir.path());
     let vocab_size = models.target_fingerprint.vocab_size;
@@ -139,6 +148,7 @@ fn a_head_learns_the_targets_features_and_resumes_exactly() {
 /// every position before it, so the mismatches mined are the ones speculation meets.
 #[test]
 fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
+    let _capturing = capturing();
     use std::sync::Arc;
     use verdict::proposers::eagle::{SequenceDrafter, TokenEmbeddings};
     use verdict_training::{eagle_capture::capture_layers, eagle_mine::EagleMiningEngine};
