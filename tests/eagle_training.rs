@@ -176,7 +176,7 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
 
     // The runtime drafter's first draft at each position from `from` on, committing rows
     // 0..position − 1 (each with the token after it) of a capture of the whole sequence.
-    let mut drafter_firsts = |miner: &mut EagleMiningEngine, tokens: &[u32], from: usize| -> Vec<u32> {
+    let drafter_firsts = |miner: &mut EagleMiningEngine, tokens: &[u32], from: usize| -> Vec<u32> {
         let (_, aux) = capture_layers(miner.engines(), Model::Target, tokens, &LAYERS).unwrap();
         let aux = aux.to_dtype(DType::F32).unwrap();
         let mut greedy = |row: &Tensor| Ok(row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>()?);

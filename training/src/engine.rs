@@ -28,7 +28,7 @@ use verdict::{
 
 use crate::{
     autojudge_head::FeatureModels,
-    miner::{Continuation, MiningEngine},
+    miner::{Continuation, MiningEngine, TopTokens},
     pad_mine::RolloutEngine,
 };
 
@@ -326,7 +326,7 @@ impl MistralEngines {
 
     /// [`Self::greedy`], with `model`'s `k` best tokens and their probabilities at each
     /// position, best first.
-    pub fn greedy_with_top(&self, model: Model, context: &[u32], max_new: usize, k: usize) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
+    pub fn greedy_with_top(&self, model: Model, context: &[u32], max_new: usize, k: usize) -> Result<(Vec<u32>, Vec<TopTokens>)> {
         if max_new == 0 {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -340,7 +340,7 @@ impl MistralEngines {
             &sampling,
             k.max(1),
         ))?;
-        let mut top: Vec<Vec<(u32, f32)>> = generation
+        let mut top: Vec<TopTokens> = generation
             .top_tokens
             .iter()
             .map(|(_, candidates)| candidates.iter().map(|&(id, _, logprob)| (id, logprob.exp())).collect())

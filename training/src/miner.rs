@@ -17,6 +17,9 @@ use verdict_eval::tasks::TaskAdapter;
 
 use crate::labels::{Mismatch, ProblemLabels};
 
+/// The target's best tokens at one position and their probabilities, best first.
+pub type TopTokens = Vec<(u32, f32)>;
+
 /// A target continuation and what the draft predicted along it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Continuation {
@@ -27,7 +30,7 @@ pub struct Continuation {
     pub predictions: Vec<u32>,
     /// The target's best tokens and their probabilities at each position from
     /// `prefix.len()` on, best first (empty: the engine does not report them).
-    pub target_top: Vec<Vec<(u32, f32)>>,
+    pub target_top: Vec<TopTokens>,
 }
 
 /// What Algorithm 1 needs from the models.
