@@ -293,10 +293,13 @@ struct TaskArgs {
     source: Option<String>,
 }
 
+/// Where the draft model's mined labels are kept.
+const DRAFT_MODEL_LABELS: &str = "heads/gsm8k_labels.jsonl";
+
 #[derive(Args, Clone)]
 struct LabelArgs {
     /// Append-only label file; problems already in it are skipped.
-    #[arg(long, default_value = "heads/gsm8k_labels.jsonl")]
+    #[arg(long, default_value = DRAFT_MODEL_LABELS)]
     labels: PathBuf,
 }
 
@@ -459,14 +462,22 @@ impl TaskArgs {
         gsm8k::load(&self.config_and_data_dir()?.1, &self.split)
     }
 
+    /// `--prompts` and `--source` come together or not at all.
+    fn check_prompt_source(&self) -> Result<()> {
+        match (&self.prompts, &self.source) {
+            (Some(path), None) => anyhow::bail!("--prompts {}: say which prompts to mine with --source (gsm8k or math)", path.display()),
+            (None, Some(source)) => anyhow::bail!("--source {source}: it picks prompts of a --prompts file, and none was named"),
+            _ => Ok(()),
+        }
+    }
+
     /// The single-turn prompts of `--prompts` from `--source`, in file order; `None` without
     /// `--prompts`.
     fn given_prompts(&self) -> Result<Option<Vec<String>>> {
-        let Some(path) = &self.prompts else {
-            anyhow::ensure!(self.source.is_none(), "--source {:?} picks prompts of a --prompts file; none was named", self.source);
+        self.check_prompt_source()?;
+        let (Some(path), Some(source)) = (&self.prompts, self.source.as_deref()) else {
             return Ok(None);
         };
-        let source = self.source.as_deref().ok_or_else(|| anyhow::anyhow!("--prompts {}: say which prompts to mine with --source (gsm8k or math)", path.display()))?;
         let prompts: Vec<String> = verdict_eval::prompts::load(path)?
             .into_iter()
             .filter(|r| r.source == source)
@@ -538,6 +549,11 @@ fn run_eagle_mine(args: &MineArgs) -> Result<()> {
         args.pad.method == "autojudge",
         "--eagle-head mines AutoJudge labels (--method autojudge); PAD's rollouts compare the draft model's tokens"
     );
+    anyhow::ensure!(
+        args.labels.labels != Path::new(DRAFT_MODEL_LABELS),
+        "--eagle-head: name the label file with --labels (e.g. heads/eagle_labels.jsonl); {DRAFT_MODEL_LABELS} holds the draft model's labels, and the two must not mix"
+    );
+    args.task.check_prompt_source()?;
     let config = Config::load(&args.task.config)?;
     let models = LoadedModels::load_with_draft(&config, false)?;
     let mut engine = EagleMiningEngine::new(&models, head)?;
