@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The open issues' long jobs in their order, each resumable: rerun it after an interruption
+# and it goes on where it stopped. Start it under nohup and leave the cores to it:
+#   nohup bash scripts/long-jobs.sh >> .verdict-work/long-jobs.log 2>&1 &
+#   1. the general EAGLE head (issue 50): `train-head eagle` on the prompt mixture (prompts,
+#      responses, features, training: every stage resumes);
+#   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports);
+#   3. labels for a judge of EAGLE drafts (issue 53): GSM8K train problems, then the
+#      mixture's MATH prompts, mined with the general head's first drafts.
+# What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
+# (2), heads/eagle_labels_gsm8k.jsonl and heads/eagle_labels_math.jsonl (3).
+# GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K and
+# MINE_MATH the problems to mine of each (default 1000 and 600).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+release="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}/release"
+gsm8k_dir="${GSM8K_DIR:-../shared/data/gsm8k}"
+work=.verdict-work/general
+mkdir -p "$work" .verdict-work/long-jobs
+# Copies, so that a rebuild while a job runs does not swap the binary under it.
+bin=.verdict-work/long-jobs/release
+mkdir -p "$bin"
+for b in verdict train-head; do
+  [ -x "$release/$b" ] || { echo "build first: cargo build --release --workspace --bins" >&2; exit 1; }
+  cp "$release/$b" "$bin/$b.new" && mv "$bin/$b.new" "$bin/$b"
+done
+say() { echo "$(date -u +%FT%TZ) long-jobs: $*"; }
+
+if [ ! -f heads/general-eagle3/config.json ]; then
+  say "1/3 the general EAGLE head"
+  [ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
+  "$bin/train-head" eagle --config configs/default.toml --data-dir "$gsm8k_dir" \
+    --prompts "$work/prompts.jsonl" --problems 2198 --temperature 0 --max-tokens 512 \
+    --generate-batch 8 --work "$work/eagle" --out heads/general-eagle3 --draft-vocab 8192
+fi
+
+if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
+  say "2/3 issue 50's acceptance runs"
+  CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
+  touch .verdict-work/long-jobs/acceptance.done
+fi
+
+say "3/3 labels for a judge of EAGLE drafts"
+"$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
+  --first 0 --problems "${MINE_GSM8K:-1000}" --labels heads/eagle_labels_gsm8k.jsonl
+"$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$work/prompts.jsonl" \
+  --source math --first 0 --problems "${MINE_MATH:-600}" --labels heads/eagle_labels_math.jsonl
+say "done"
