@@ -94,37 +94,30 @@ pub fn mine_problem_with<E: MiningEngine, T: TaskAdapter>(
         let unlikely = important_below.zip(top.get(t)).is_some_and(|(below, top)| {
             probability_bound(top, predicted[t]).is_some_and(|p| p < below)
         });
-        if unlikely {
-            mismatches.push(Mismatch {
-                position: t,
-                target_token: y[t],
-                draft_token: predicted[t],
-                important: true,
-                prefix: y[..t].to_vec(),
-                shortcut: true,
-            });
-            after = t + 1;
-            continue;
+        // The swap's continuation, when it keeps the answer (the response goes on from it).
+        let mut kept_swap = None;
+        if !unlikely {
+            let mut prefix = y[..t].to_vec();
+            prefix.push(predicted[t]);
+            let swapped = continuation(engine, prompt, &prefix, max_response_tokens)?;
+            generated += swapped.response.len() - prefix.len();
+            // A swap whose response commits to no answer within the cap counts as important.
+            let answer = task.committed_answer(&engine.decode(&swapped.response)?);
+            let equivalent = match (&alpha, &answer) {
+                (Some(a), Some(b)) => task.answers_equivalent(a, b),
+                _ => false,
+            };
+            kept_swap = equivalent.then_some(swapped);
         }
-        let mut prefix = y[..t].to_vec();
-        prefix.push(predicted[t]);
-        let swapped = continuation(engine, prompt, &prefix, max_response_tokens)?;
-        generated += swapped.response.len() - prefix.len();
-        // A swap whose response commits to no answer within the cap counts as important.
-        let answer = task.committed_answer(&engine.decode(&swapped.response)?);
-        let equivalent = match (&alpha, &answer) {
-            (Some(a), Some(b)) => task.answers_equivalent(a, b),
-            _ => false,
-        };
         mismatches.push(Mismatch {
             position: t,
             target_token: y[t],
             draft_token: predicted[t],
-            important: !equivalent,
+            important: kept_swap.is_none(),
             prefix: y[..t].to_vec(),
-            shortcut: false,
+            shortcut: unlikely,
         });
-        if equivalent {
+        if let Some(swapped) = kept_swap {
             predicted.truncate(t + 1);
             predicted.extend(swapped.predictions);
             top.truncate(t + 1);

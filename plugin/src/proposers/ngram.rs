@@ -18,7 +18,7 @@ use candle_core::{Device, Result, Tensor};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 use serde::Serialize;
 
-use crate::sv::policy::{propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
+use crate::sv::policy::{kept_drafts, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
 
 /// The logit of every token but the drafted one: exp() of it is 0 in f32 at any temperature
 /// a sampler divides by, and it stays finite so divergences never meet inf − inf.
@@ -228,10 +228,7 @@ impl NgramProposer {
         let Some(last) = self.last.lock().unwrap().remove(&seq_id) else {
             return;
         };
-        let committed = tokens.get(last.from..).unwrap_or(&[]);
-        let kept = last.drafts.iter().zip(committed).take(last.verified).take_while(|(d, c)| d == c).count();
-        // The last committed token is the step's own (correction or bonus), not a draft.
-        let kept = kept.min(committed.len().saturating_sub(1));
+        let kept = kept_drafts(&last.drafts[..last.verified], last.from, tokens);
         self.keep_rates.lock().unwrap().record(last.n, last.verified, kept);
     }
 

@@ -171,11 +171,6 @@ impl<P: ScoredProposer> VerifyPolicy<P> {
         }
     }
 
-    /// Every draft verified, nothing learned: the proposer as it drafts alone.
-    pub fn verify_all(proposer: Arc<P>) -> Self {
-        Self::new(proposer, PolicySettings::default())
-    }
-
     /// The wrapped proposer.
     pub fn proposer(&self) -> &Arc<P> {
         &self.proposer
@@ -312,20 +307,23 @@ impl<P: ScoredProposer> VerifyPolicy<P> {
     }
 }
 
-/// The fates of a sequence's last verified drafts, read from its tokens now: draft i sat at
-/// `from + i` and was kept when the token there is it and is not the last one (the step's
-/// own correction or bonus).
+/// How many of `drafts`, drafted from sequence position `from`, the target kept, now that the
+/// sequence holds `tokens`: draft i sat at `from + i` and was kept when the token there is it
+/// and is not the last one (the step's own correction or bonus).
+pub fn kept_drafts(drafts: &[u32], from: usize, tokens: &[u32]) -> usize {
+    let committed = tokens.get(from..).unwrap_or(&[]);
+    let kept = drafts.iter().zip(committed).take_while(|(d, c)| d == c).count();
+    kept.min(committed.len().saturating_sub(1))
+}
+
+/// The fates of a sequence's last verified drafts, read from its tokens now: the kept ones,
+/// then the first refused (if the verify reached one).
 fn draft_fates(state: &SequenceState, tokens: &[u32]) -> Vec<DraftOutcome> {
-    let committed = tokens.get(state.from..).unwrap_or(&[]);
-    let mut fates = Vec::new();
-    for (i, (&draft, &score)) in state.drafts.iter().zip(&state.scores).take(state.verified).enumerate() {
-        let kept = i + 1 < committed.len() && committed[i] == draft;
-        fates.push(DraftOutcome { confidence: score, position: i, kept });
-        if !kept {
-            break;
-        }
-    }
-    fates
+    let verified = state.verified.min(state.drafts.len()).min(state.scores.len());
+    let kept = kept_drafts(&state.drafts[..verified], state.from, tokens);
+    (0..verified.min(kept + 1))
+        .map(|i| DraftOutcome { confidence: state.scores[i], position: i, kept: i < kept })
+        .collect()
 }
 
 /// The policy's pricing during one draft call.
