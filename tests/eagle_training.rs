@@ -236,3 +236,70 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
     let err = format!("{:#}", load_samples(&label_file, &feature_dir, FeatureSpec::DraftAndTarget).unwrap_err());
     assert!(err.contains("without a draft model") && err.contains("--spec target"), "{err}");
 }
+
+/// Its answer: the last word of the response (the tiny target's text has no numbers).
+struct LastWord;
+
+impl verdict_eval::tasks::TaskAdapter for LastWord {
+    type Problem = String;
+    fn prompt(&self, problem: &String) -> String {
+        problem.clone()
+    }
+    fn extract_answer(&self, response: &str) -> Option<String> {
+        response.split_whitespace().last().map(str::to_string)
+    }
+    fn is_correct(&self, _: &String, _: &str) -> bool {
+        false
+    }
+}
+
+/// `mine --eagle-head --together`: the continuations of several problems decoded as one
+/// batch (ragged lengths, prefix caches kept across problems) give each problem the labels
+/// it gets mined alone.
+#[test]
+fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
+    let _capturing = capturing();
+    use std::sync::Arc;
+    use verdict::{proposers::eagle::TokenEmbeddings, tiny_model::words};
+    use verdict_training::{
+        eagle_mine::EagleMiningEngine,
+        labels::LabelStore,
+        mine::{mine, MiningPlan},
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec::new(TinyArch::Llama, 11);
+    write_tiny_model(&spec, &dir.path().join("target")).unwrap();
+    let config = Config::from_toml(&format!(
+        "[models]\ntarget = {:?}\n[speculative]\nenabled = false\n",
+        dir.path().join("target").to_str().unwrap()
+    ))
+    .unwrap();
+    let models = LoadedModels::load(&config).unwrap();
+    let vocab = models.target_fingerprint.vocab_size;
+    let (head, embeddings) = verdict::tiny_model::random_eagle3_head(spec.hidden_size, vocab, (0..vocab as u32).collect()).unwrap();
+    let (head, embeddings): (Arc<Eagle3Head>, Arc<dyn TokenEmbeddings>) = (Arc::new(head), Arc::new(embeddings));
+    let problems: Vec<String> = [[3, 24, 41, 9], [5, 11, 30, 2], [17, 8, 44, 1], [40, 13, 6, 27], [21, 33, 2, 50]].iter().map(|w| words(w)).collect();
+    let plan = |together| MiningPlan { problems: 0..problems.len(), max_response_tokens: 14, important_below: None, together };
+    let labels = |path: &Path| {
+        let mut all = LabelStore::read_all(path).unwrap();
+        all.sort_by_key(|p| p.problem_id);
+        all.into_iter().map(|p| (p.problem_id, p.target_answer, p.mismatches, p.final_response, p.generated_tokens)).collect::<Vec<_>>()
+    };
+
+    let alone = dir.path().join("alone.jsonl");
+    let mut miner = EagleMiningEngine::with_head(MistralEngines::target_only(&models).unwrap(), head.clone(), embeddings.clone(), LAYERS.to_vec());
+    mine(&mut miner, &LastWord, &problems, &plan(1), &alone).unwrap();
+    drop(miner);
+    let together = dir.path().join("together.jsonl");
+    let mut engines = MistralEngines::target_only(&models).unwrap();
+    engines.batch_continuations(3, 1 << 28);
+    let mut miner = EagleMiningEngine::with_head(engines, head, embeddings, LAYERS.to_vec());
+    mine(&mut miner, &LastWord, &problems, &plan(3), &together).unwrap();
+
+    let (alone, together) = (labels(&alone), labels(&together));
+    let tested: usize = alone.iter().map(|p| p.2.len()).sum();
+    let regenerated = alone.iter().map(|p| p.4).sum::<usize>() > alone.iter().map(|p| p.3.len()).sum::<usize>();
+    assert!(tested >= 3 && regenerated, "too little was mined to compare ({tested} mismatches)");
+    assert_eq!(alone, together);
+}

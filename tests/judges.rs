@@ -302,3 +302,66 @@ fn pad_non_pivots_are_kept() {
         assert_eq!(s.accepted, s.drafted, "{s:?}");
     }
 }
+
+/// Records the features AutoJudge reads for each draft it is asked about, with the tokens up
+/// to and including that draft, then judges as AutoJudge does.
+struct RecordingAutoJudge {
+    judge: verdict::judges::AutoJudge,
+    seen: Arc<std::sync::Mutex<Vec<(Vec<u32>, verdict::judges::JudgeFeatures)>>>,
+}
+
+impl verdict::judge::Judge for RecordingAutoJudge {
+    fn name(&self) -> &str {
+        "autojudge"
+    }
+    fn target_capture(&self) -> mistralrs_core::speculative_hook::CaptureRequest {
+        self.judge.target_capture()
+    }
+    fn draft_capture(&self) -> mistralrs_core::speculative_hook::CaptureRequest {
+        self.judge.draft_capture()
+    }
+    fn rescues(&self, view: &verdict::step_view::StepView, position: usize) -> anyhow::Result<bool> {
+        if let Some(features) = self.judge.features(view, position)? {
+            let mut context = view.ctx.prefix.to_vec();
+            context.extend_from_slice(&view.ctx.draft_tokens[..=position]);
+            self.seen.lock().unwrap().push((context, features));
+        }
+        self.judge.rescues(view, position)
+    }
+}
+
+/// Train/serve parity: the features `train-head features` stores for a mismatch
+/// (`features::context_features`, the last hidden states after the tokens up to the draft)
+/// are the ones the runtime AutoJudge reads for that draft from the verify forward and the
+/// draft's forwards, to float rounding: the two come from forwards over different splits of
+/// the same tokens (≈ 1e-7 of the largest entry when written; 1e-5 allowed).
+#[test]
+fn mined_features_are_the_judges_features_at_run_time() {
+    use verdict::judge::Judge;
+    let dir = tempfile::tempdir().unwrap();
+    let (models, config) = setup(dir.path());
+    // Never keeps a mismatch, so the run is plain `exact` decoding with the judge asked at
+    // every refused draft.
+    let head = LogisticHead::constant(FeatureSpec::DraftAndTarget, models.target_fingerprint.clone(), models.draft_fingerprint.clone(), 0.99);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let judge = RecordingAutoJudge { judge: verdict::judges::AutoJudge::new(head, 0.5), seen: seen.clone() };
+    assert!(judge.target_capture().last_hidden && judge.draft_capture().last_hidden);
+    run(&models, &config, JudgeStack { judges: vec![Box::new(judge)], ..JudgeStack::lossless(BaseRule::Exact) });
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 3, "the judge was asked about {} drafts", seen.len());
+
+    let engines = verdict_training::engine::MistralEngines::new(&models).unwrap();
+    let contexts: Vec<Vec<u32>> = seen.iter().map(|(context, _)| context.clone()).collect();
+    let mined = verdict_training::features::context_features(&engines, &contexts).unwrap();
+    let (target, draft) = (mined.target_last.to_vec2::<f32>().unwrap(), mined.draft_last.to_vec2::<f32>().unwrap());
+    let worst = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    };
+    for (i, (context, features)) in seen.iter().enumerate() {
+        let t = worst(&features.target, &target[i]);
+        let d = worst(features.draft.as_deref().unwrap(), &draft[i]);
+        assert!(t < 1e-5 && d < 1e-5, "draft {i} ({} tokens): relative differences {t:e} (target), {d:e} (draft)", context.len());
+    }
+}

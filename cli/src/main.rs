@@ -655,3 +655,21 @@ fn forward_cost_command(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// No subcommand defines a flag twice (two flattened groups defining one would hand its
+    /// value silently to one of them; clap's `debug_assert` checks nothing in release builds).
+    #[test]
+    fn no_flag_is_defined_twice() {
+        let cli = super::Cli::command();
+        for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
+            let mut ids = std::collections::HashSet::new();
+            for arg in command.get_arguments() {
+                assert!(ids.insert(arg.get_id().clone()), "`{}` defines {} twice", command.get_name(), arg.get_id());
+            }
+        }
+    }
+}

@@ -128,28 +128,52 @@ impl MiningEngine for EagleMiningEngine {
     }
 
     fn continue_response(&mut self, prompt: &str, prefix: &[u32], max_response_tokens: usize) -> Result<Continuation> {
-        let mut context = self.engines.prompt_tokens(prompt)?;
-        let prompt_len = context.len();
-        context.extend_from_slice(prefix);
+        let mut one = self.continue_responses(&[(prompt, prefix)], max_response_tokens)?;
+        Ok(one.pop().expect("one continuation per request"))
+    }
+
+    /// The target's continuations decoded together, then the head's drafts along each.
+    fn continue_responses(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
+        let mut contexts = Vec::with_capacity(requests.len());
+        for (prompt, prefix) in requests {
+            let mut context = self.engines.prompt_tokens(prompt)?;
+            let prompt_len = context.len();
+            context.extend_from_slice(prefix);
+            contexts.push((context, prompt_len));
+        }
         let started = std::time::Instant::now();
-        let (new, target_top) =
-            self.engines.greedy_with_top(Model::Target, &context, max_response_tokens.saturating_sub(prefix.len()), TARGET_TOP_K)?;
-        let generated = started.elapsed().as_secs_f64();
-        let mut response = prefix.to_vec();
-        response.extend_from_slice(&new);
-        context.extend_from_slice(&new);
-        let predictions = match new.is_empty() {
-            true => Vec::new(),
-            false => self.head_predictions(&context, prompt_len + prefix.len())?,
-        };
+        let asked: Vec<(Vec<u32>, usize)> = contexts
+            .iter()
+            .zip(requests)
+            .map(|((context, _), (_, prefix))| (context.clone(), max_response_tokens.saturating_sub(prefix.len())))
+            .collect();
+        let generated = self.engines.greedy_with_top_together(Model::Target, &asked, TARGET_TOP_K)?;
+        let generating = started.elapsed().as_secs_f64();
+        let mut continuations = Vec::with_capacity(requests.len());
+        for (((mut context, prompt_len), (_, prefix)), (new, target_top)) in contexts.into_iter().zip(requests).zip(generated) {
+            let mut response = prefix.to_vec();
+            response.extend_from_slice(&new);
+            context.extend_from_slice(&new);
+            let predictions = match new.is_empty() {
+                true => Vec::new(),
+                false => self.head_predictions(&context, prompt_len + prefix.len())?,
+            };
+            continuations.push(Continuation { response, predictions, target_top });
+        }
         tracing::debug!(
-            "target: {} new tokens in {generated:.1}s; head: {} predictions over {} positions in {:.1}s",
-            new.len(),
-            predictions.len(),
-            context.len(),
-            started.elapsed().as_secs_f64() - generated
+            "target: {} continuations, {} new tokens in {generating:.1}s; head: {:.1}s",
+            requests.len(),
+            continuations.iter().zip(requests).map(|(c, (_, prefix))| c.response.len() - prefix.len()).sum::<usize>(),
+            started.elapsed().as_secs_f64() - generating
         );
-        Ok(Continuation { response, predictions, target_top })
+        Ok(continuations)
+    }
+
+    /// Drop the layers captured for this problem's sequences.
+    fn finish_problem(&mut self, prompt: &str) -> Result<()> {
+        let tokens = self.engines.prompt_tokens(prompt)?;
+        self.captured.retain(|(captured, _)| !captured.starts_with(&tokens));
+        Ok(())
     }
 
     fn decode(&self, tokens: &[u32]) -> Result<String> {

@@ -18,6 +18,7 @@ use verdict::{
 };
 use verdict_eval::{
     bench::{self, BenchOptions, Mode},
+    prompts::PromptRecord,
     subset::Subset,
     tasks::{gsm8k, TaskAdapter},
 };
@@ -151,8 +152,7 @@ fn gsm8k_examples(config: &Config, plan: &EaglePlan) -> Result<Vec<Example>> {
 }
 
 /// The target's responses to a prompts file, at the plan's sampling.
-fn prompt_examples(config: &Config, models: &LoadedModels, plan: &EaglePlan, file: &Path) -> Result<Vec<Example>> {
-    let records = verdict_eval::prompts::load(file)?;
+fn prompt_examples(config: &Config, models: &LoadedModels, plan: &EaglePlan, file: &Path, records: &[PromptRecord]) -> Result<Vec<Example>> {
     let checkpoint = plan.work.join("responses.jsonl");
     tracing::info!("stage 1/3: the target's responses to {} → {}", file.display(), checkpoint.display());
     let response_plan = ResponsePlan {
@@ -161,7 +161,7 @@ fn prompt_examples(config: &Config, models: &LoadedModels, plan: &EaglePlan, fil
         sampling: plan.response_sampling.clone().unwrap_or_else(|| config.sampling.clone()),
         batch: plan.generate_batch,
     };
-    let answered = generate_responses(models, &records, &response_plan, config.server.ragged_batches, &checkpoint)?;
+    let answered = generate_responses(models, records, &response_plan, config.server.ragged_batches, &checkpoint)?;
     Ok(answered
         .into_iter()
         .map(|r| Example {
@@ -184,8 +184,10 @@ pub fn train_eagle(config: &Config, plan: &EaglePlan, options: &EagleFitOptions)
             (examples, LoadedModels::load_with_draft(config, false)?)
         }
         Some(file) => {
+            // A bad prompts file is refused before the models load.
+            let records = verdict_eval::prompts::load(file)?;
             let models = LoadedModels::load_with_draft(config, false)?;
-            (prompt_examples(config, &models, plan, file)?, models)
+            (prompt_examples(config, &models, plan, file, &records)?, models)
         }
     };
     if plan.until == EagleStage::Responses {

@@ -143,6 +143,16 @@ impl MistralEngines {
         self.clear_prefix_caches();
     }
 
+    /// Ready the target engine to decode up to `sequences` continuations as one batch,
+    /// whatever their lengths, with every prefix cache of the process bounded to
+    /// `cache_bytes` (least recently used evicted first), so that problems mined together
+    /// need no clearing between them.
+    pub fn batch_continuations(&mut self, sequences: usize, cache_bytes: usize) {
+        mistralrs_core::set_ragged_decode_batches(true);
+        mistralrs_core::set_cpu_prefix_cache_limit(Some(cache_bytes));
+        self.set_target_batch(sequences);
+    }
+
     fn settled(self) -> Self {
         self.settle_both();
         self
@@ -327,42 +337,65 @@ impl MistralEngines {
     /// [`Self::greedy`], with `model`'s `k` best tokens and their probabilities at each
     /// position, best first.
     pub fn greedy_with_top(&self, model: Model, context: &[u32], max_new: usize, k: usize) -> Result<(Vec<u32>, Vec<TopTokens>)> {
-        if max_new == 0 {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        let sampling = SamplingConfig {
-            max_tokens: max_new,
-            ..SamplingConfig::default()
+        let mut one = self.greedy_with_top_together(model, &[(context.to_vec(), max_new)], k)?;
+        Ok(one.pop().expect("one answer per request"))
+    }
+
+    /// [`Self::greedy_with_top`] for several `(context, max_new)` requests, all queued before
+    /// any is awaited, so the engine decodes them as one batch (up to its `max_seqs`; with
+    /// ragged decode batches, whatever their lengths).
+    pub fn greedy_with_top_together(&self, model: Model, requests: &[(Vec<u32>, usize)], k: usize) -> Result<Vec<(Vec<u32>, Vec<TopTokens>)>> {
+        let engine = match model {
+            Model::Target => self.target.clone(),
+            Model::Draft => self.draft.clone(),
         };
-        let generation = self.runtime.block_on(generate_with_top_tokens(
-            self.engine(model),
-            &Prompt::Tokens(context.to_vec()),
-            &sampling,
-            k.max(1),
-        ))?;
-        let mut top: Vec<TopTokens> = generation
-            .top_tokens
-            .iter()
-            .map(|(_, candidates)| candidates.iter().map(|&(id, _, logprob)| (id, logprob.exp())).collect())
-            .collect();
-        // Under greedy decoding the emitted token is the best candidate at each step.
-        let mut tokens = generation
-            .top_tokens
-            .iter()
-            .map(|(_, top)| top.first().map(|c| c.0).context("no candidates returned"))
-            .collect::<Result<Vec<_>>>()?;
-        self.settle(model, context[0])?;
-        // The EOS that ended the response is reported too; it is not response text.
-        if tokens.last().is_some_and(|t| self.eos.contains(t)) {
-            tokens.pop();
-            top.pop();
+        let generations = self.runtime.block_on(async {
+            let mut running = tokio::task::JoinSet::new();
+            for (index, (context, max_new)) in requests.iter().enumerate().filter(|(_, (_, max_new))| *max_new > 0) {
+                let (engine, prompt) = (engine.clone(), Prompt::Tokens(context.clone()));
+                let sampling = SamplingConfig {
+                    max_tokens: *max_new,
+                    ..SamplingConfig::default()
+                };
+                running.spawn(async move { (index, generate_with_top_tokens(&engine, &prompt, &sampling, k.max(1)).await) });
+            }
+            let mut generations = vec![None; requests.len()];
+            while let Some(joined) = running.join_next().await {
+                let (index, generation) = joined?;
+                generations[index] = Some(generation?);
+            }
+            anyhow::Ok(generations)
+        })?;
+        if let Some((context, _)) = requests.iter().find(|(_, max_new)| *max_new > 0) {
+            self.settle(model, context[0])?;
         }
-        ensure!(
-            tokens.len() <= max_new,
-            "the engine returned {} tokens for a cap of {max_new}",
-            tokens.len()
-        );
-        Ok((tokens, top))
+        requests
+            .iter()
+            .zip(generations)
+            .map(|((_, max_new), generation)| {
+                let Some(generation) = generation else {
+                    return Ok((Vec::new(), Vec::new()));
+                };
+                let mut top: Vec<TopTokens> = generation
+                    .top_tokens
+                    .iter()
+                    .map(|(_, candidates)| candidates.iter().map(|&(id, _, logprob)| (id, logprob.exp())).collect())
+                    .collect();
+                // Under greedy decoding the emitted token is the best candidate at each step.
+                let mut tokens = generation
+                    .top_tokens
+                    .iter()
+                    .map(|(_, top)| top.first().map(|c| c.0).context("no candidates returned"))
+                    .collect::<Result<Vec<_>>>()?;
+                // The EOS that ended the response is reported too; it is not response text.
+                if tokens.last().is_some_and(|t| self.eos.contains(t)) {
+                    tokens.pop();
+                    top.pop();
+                }
+                ensure!(tokens.len() <= *max_new, "the engine returned {} tokens for a cap of {max_new}", tokens.len());
+                Ok((tokens, top))
+            })
+            .collect()
     }
 
     /// The draft's arg-max next token after each position the forward computed:

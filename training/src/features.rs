@@ -80,10 +80,18 @@ pub fn problem_features(
             tokens
         })
         .collect();
+    context_features(engines, &contexts)
+}
+
+/// The last hidden states of both models after each of `contexts` (prompt tokens, the
+/// response before a mismatch, the draft token): the state at the position that reads the
+/// draft token, as the runtime AutoJudge reads it from the verify forward
+/// (`AutoJudge::features`). With engines that read the target alone the draft side is empty.
+pub fn context_features(engines: &MistralEngines, contexts: &[Vec<u32>]) -> Result<ProblemFeatures> {
     let rows = |model: Model| -> Result<Tensor> {
         let mut flat = Vec::new();
         let mut width = 0;
-        for context in &contexts {
+        for context in contexts {
             let row = last_hidden(engines, model, context)?;
             width = row.len();
             flat.extend(row);

@@ -179,10 +179,6 @@ struct EagleArgs {
     /// --hold-out-every-th is held out).
     #[arg(long, default_value_t = 1000)]
     problems: usize,
-    /// Train on the target's responses to this prompts file (JSON Lines of {"prompt": …} or
-    /// {"messages": […]}, e.g. a request log, or `train-head mixture`'s) instead of GSM8K.
-    #[arg(long)]
-    prompts: Option<PathBuf>,
     /// With --prompts: the responses' sampling temperature (0: greedy); default the config's.
     #[arg(long)]
     temperature: Option<f64>,
@@ -233,15 +229,18 @@ struct EagleArgs {
 }
 
 fn run_eagle(args: &EagleArgs) -> Result<()> {
+    if let Some(source) = &args.task.source {
+        anyhow::bail!("--source {source}: it picks prompts to mine; `eagle` trains on every prompt of --prompts");
+    }
     let (config, data_dir) = args.task.config_and_data_dir()?;
     let plan = EaglePlan {
         data_dir,
         split: args.task.split.clone(),
         first: args.first,
         problems: args.problems,
-        prompts: args.prompts.clone(),
+        prompts: args.task.prompts.clone(),
         until: args.until,
-        response_sampling: args.prompts.as_ref().map(|_| {
+        response_sampling: args.task.prompts.as_ref().map(|_| {
             let mut sampling = config.sampling.clone();
             sampling.temperature = args.temperature.unwrap_or(sampling.temperature);
             sampling.top_p = args.top_p.or(sampling.top_p);
@@ -284,8 +283,10 @@ struct TaskArgs {
     data_dir: Option<PathBuf>,
     #[arg(long, default_value = "train")]
     split: String,
-    /// Mine the prompts of this file (`train-head mixture` writes one) whose `source` is
-    /// `--source`, instead of GSM8K's split; problem ids are their order among those.
+    /// A prompts file instead of GSM8K's split (JSON Lines of {"prompt": …} or
+    /// {"messages": […]}, e.g. a request log, or `train-head mixture`'s). `eagle` trains on
+    /// the target's responses to all of them; `mine` and `features` take those whose
+    /// `source` is `--source`, problem ids being their order among those.
     #[arg(long)]
     prompts: Option<PathBuf>,
     /// Which prompts of `--prompts` to mine, their answers read as that task reads them.
@@ -426,6 +427,10 @@ struct MineArgs {
     /// regenerating (the AutoJudge paper's shortcut for EAGLE mining); 0 tests every one.
     #[arg(long, default_value_t = 0.0, value_parser = parse_probability)]
     important_below: f32,
+    /// With --eagle-head: problems mined together, the continuations they wait for decoded
+    /// as one batch (1: one problem at a time) [default: 8 with --eagle-head, else 1].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=32))]
+    together: Option<u16>,
     #[command(flatten)]
     pad: PadArgs,
 }
@@ -513,6 +518,14 @@ impl TaskArgs {
     }
 }
 
+/// `--together` is for EAGLE mining only (checked before any model loads).
+fn check_together(args: &MineArgs) -> Result<()> {
+    match args.together.filter(|&n| n > 1 && args.eagle_head.is_none()) {
+        Some(together) => anyhow::bail!("--together {together}: only EAGLE mining (--eagle-head) decodes problems together; the draft model's predictions take one forward per continuation"),
+        None => Ok(()),
+    }
+}
+
 fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
     if args.pad.method == "pad" {
         let plan = PadPlan {
@@ -538,9 +551,18 @@ fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
         problems: args.first..args.first + args.problems,
         max_response_tokens: args.max_response_tokens,
         important_below: (args.important_below > 0.0).then_some(args.important_below),
+        together: 1,
     };
     args.task.mine(engines, &plan, &args.labels.labels)
 }
+
+/// Problems an EAGLE mining run mines together unless told: a batch of continuations
+/// decodes far more tokens a second than one does, and waits for the longest of them.
+const EAGLE_MINED_TOGETHER: u16 = 8;
+
+/// The prefix caches' bound when problems are mined together: the caches are then never
+/// cleared, and each problem's response and swaps stay cached while it runs.
+const TOGETHER_CACHE_BYTES: usize = 4 << 30;
 
 /// Algorithm 1 over an EAGLE head's first drafts, into `--labels`.
 fn run_eagle_mine(args: &MineArgs) -> Result<()> {
@@ -557,10 +579,15 @@ fn run_eagle_mine(args: &MineArgs) -> Result<()> {
     let config = Config::load(&args.task.config)?;
     let models = LoadedModels::load_with_draft(&config, false)?;
     let mut engine = EagleMiningEngine::new(&models, head)?;
+    let together = usize::from(args.together.unwrap_or(EAGLE_MINED_TOGETHER));
+    if together > 1 {
+        engine.engines().batch_continuations(together, TOGETHER_CACHE_BYTES);
+    }
     let plan = MiningPlan {
         problems: args.first..args.first + args.problems,
         max_response_tokens: args.max_response_tokens,
         important_below: (args.important_below > 0.0).then_some(args.important_below),
+        together,
     };
     args.task.mine(&mut engine, &plan, &args.labels.labels)
 }
@@ -623,7 +650,10 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Mine(args)) if args.eagle_head.is_some() => run_eagle_mine(&args),
-        Some(Command::Mine(args)) => run_mine(&args, &mut args.task.engines()?),
+        Some(Command::Mine(args)) => {
+            check_together(&args)?;
+            run_mine(&args, &mut args.task.engines()?)
+        }
         Some(Command::Features(args)) if args.kind == "pad" => {
             let mut engines = args.task.engines()?;
             let problems = args.task.problems()?;
@@ -690,6 +720,7 @@ fn main() -> Result<()> {
         }
         None => {
             let all = cli.all;
+            check_together(&all.mine)?;
             let mut engines = all.mine.task.engines()?;
             run_mine(&all.mine, &mut engines)?;
             run_features(
@@ -700,6 +731,25 @@ fn main() -> Result<()> {
             )?;
             drop(engines);
             run_fit(&all.mine.labels, &all.features, &all.head)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// No subcommand defines a flag twice: with two flattened groups that both define one (as
+    /// `eagle --prompts` and the task's `--prompts` once did) the value silently went to one
+    /// of them. (clap's own `debug_assert` checks nothing in a release build.)
+    #[test]
+    fn no_flag_is_defined_twice() {
+        let cli = super::Cli::command();
+        for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
+            let mut ids = std::collections::HashSet::new();
+            for arg in command.get_arguments() {
+                assert!(ids.insert(arg.get_id().clone()), "`{}` defines {} twice", command.get_name(), arg.get_id());
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ use verdict_eval::tasks::TaskAdapter;
 
 use crate::{
     labels::{LabelStore, ProblemLabels},
-    miner::{mine_problem_with, MiningEngine},
+    miner::{mine_problem_with, MiningEngine, ProblemSearch},
 };
 
 /// What one mining run covers.
@@ -20,6 +20,9 @@ pub struct MiningPlan {
     /// Label a draft the target gives less than this probability important without a
     /// regeneration ([`crate::miner::mine_problem_with`]); `None`: test every mismatch.
     pub important_below: Option<f32>,
+    /// Problems mined together, their continuations decoded as one batch (1: one problem
+    /// at a time). Labels are the same either way, up to the numerics of batched decoding.
+    pub together: usize,
 }
 
 /// Totals over the label file, for the log and the note.
@@ -107,16 +110,15 @@ where
     );
     let run_start = Instant::now();
     let mut run_tokens = 0usize;
-    for id in todo {
-        let prompt = task.prompt(&problems[id]);
-        let mined = mine_problem_with(engine, task, id, &prompt, plan.max_response_tokens, plan.important_below)?;
+    let mut record = |mined: ProblemLabels| -> Result<()> {
         store.append(&mined)?;
         totals.add(&mined);
         run_tokens += mined.generated_tokens;
         let important = mined.mismatches.iter().filter(|m| m.important).count();
         bar.suspend(|| {
             tracing::info!(
-                "problem {id}: answer {}, {} mismatches ({important} important), {} tokens in {:.0}s",
+                "problem {}: answer {}, {} mismatches ({important} important), {} tokens in {:.0}s",
+                mined.problem_id,
                 mined.target_answer.as_deref().unwrap_or("none (skipped)"),
                 mined.mismatches.len(),
                 mined.generated_tokens,
@@ -130,8 +132,74 @@ where
             run_tokens as f64 / run_start.elapsed().as_secs_f64()
         ));
         bar.inc(1);
+        Ok(())
+    };
+    if plan.together <= 1 {
+        for id in todo {
+            let prompt = task.prompt(&problems[id]);
+            record(mine_problem_with(engine, task, id, &prompt, plan.max_response_tokens, plan.important_below)?)?;
+        }
+    } else {
+        mine_together(engine, task, problems, plan, todo, &mut record)?;
     }
     bar.finish();
     tracing::info!("{}: {}", labels.display(), totals.summary());
     Ok(totals)
+}
+
+/// Algorithm 1 over `plan.together` problems at a time: each step generates the continuation
+/// every running search waits for as one batch; a finished problem is recorded at once and
+/// the next one takes its place. A step's wall time is shared equally among its problems, so
+/// their `seconds` add up to the run's.
+fn mine_together<E, T>(
+    engine: &mut E,
+    task: &T,
+    problems: &[T::Problem],
+    plan: &MiningPlan,
+    todo: Vec<usize>,
+    record: &mut dyn FnMut(ProblemLabels) -> Result<()>,
+) -> Result<()>
+where
+    E: MiningEngine,
+    T: TaskAdapter,
+{
+    engine.start_problem()?;
+    let mut queue = todo.into_iter();
+    let mut running: Vec<(ProblemSearch, f64)> = Vec::new();
+    loop {
+        while running.len() < plan.together {
+            let Some(id) = queue.next() else { break };
+            let search = ProblemSearch::new(id, &task.prompt(&problems[id]), plan.max_response_tokens, plan.important_below);
+            running.push((search, 0.0));
+        }
+        if running.is_empty() {
+            return Ok(());
+        }
+        let step = Instant::now();
+        let prefixes: Vec<Vec<u32>> = running
+            .iter()
+            .map(|(search, _)| search.wanted_prefix().expect("a running search waits for a continuation"))
+            .collect();
+        let requests: Vec<(&str, &[u32])> = running.iter().zip(&prefixes).map(|((search, _), prefix)| (search.prompt(), prefix.as_slice())).collect();
+        let found = engine.continue_responses(&requests, plan.max_response_tokens)?;
+        anyhow::ensure!(found.len() == running.len(), "{} continuations for {} requests", found.len(), running.len());
+        for ((search, _), continuation) in running.iter_mut().zip(found) {
+            search.take(continuation, task, &|tokens| engine.decode(tokens))?;
+        }
+        let share = step.elapsed().as_secs_f64() / running.len() as f64;
+        let mut still = Vec::with_capacity(running.len());
+        for (search, seconds) in running {
+            let seconds = seconds + share;
+            match search.wanted_prefix() {
+                Some(_) => still.push((search, seconds)),
+                None => {
+                    engine.finish_problem(search.prompt())?;
+                    let mut mined = search.finish();
+                    mined.seconds = seconds;
+                    record(mined)?;
+                }
+            }
+        }
+        running = still;
+    }
 }

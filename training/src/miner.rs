@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use verdict_eval::tasks::TaskAdapter;
 
 use crate::labels::{Mismatch, ProblemLabels};
@@ -35,7 +35,8 @@ pub struct Continuation {
 
 /// What Algorithm 1 needs from the models.
 pub trait MiningEngine {
-    /// Called before each problem (engines with caches drop the previous problem's).
+    /// Called before each problem mined alone, and once before problems mined together
+    /// (engines with caches drop what they hold).
     fn start_problem(&mut self) -> Result<()> {
         Ok(())
     }
@@ -47,6 +48,17 @@ pub trait MiningEngine {
         prefix: &[u32],
         max_response_tokens: usize,
     ) -> Result<Continuation>;
+    /// [`Self::continue_response`] for several `(prompt, prefix)` requests, one per problem
+    /// mined together, in their order. Engines that batch decode them together; the default
+    /// runs them one after another.
+    fn continue_responses(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
+        requests.iter().map(|(prompt, prefix)| self.continue_response(prompt, prefix, max_response_tokens)).collect()
+    }
+    /// Called when a problem mined together with others is done (engines drop what they
+    /// keep for it alone).
+    fn finish_problem(&mut self, _prompt: &str) -> Result<()> {
+        Ok(())
+    }
     fn decode(&self, tokens: &[u32]) -> Result<String>;
 }
 
@@ -78,62 +90,162 @@ pub fn mine_problem_with<E: MiningEngine, T: TaskAdapter>(
     max_response_tokens: usize,
     important_below: Option<f32>,
 ) -> Result<ProblemLabels> {
-    let start = Instant::now();
     engine.start_problem()?;
-    let first = continuation(engine, prompt, &[], max_response_tokens)?;
-    let mut generated = first.response.len();
-    let (mut y, mut predicted, mut top) = (first.response, first.predictions, first.target_top);
-    let alpha = task.committed_answer(&engine.decode(&y)?);
-    let mut mismatches = Vec::new();
-    if alpha.is_none() {
-        // Nothing to compare swaps with (typically cut off before the answer): no labels.
-        predicted.clear();
+    let mut search = ProblemSearch::new(problem_id, prompt, max_response_tokens, important_below);
+    while let Some(prefix) = search.wanted_prefix() {
+        let found = engine.continue_response(prompt, &prefix, max_response_tokens)?;
+        search.take(found, task, &|tokens| engine.decode(tokens))?;
     }
-    let mut after = 0;
-    while let Some(t) = (after..predicted.len()).find(|&i| y[i] != predicted[i]) {
-        let unlikely = important_below.zip(top.get(t)).is_some_and(|(below, top)| {
-            probability_bound(top, predicted[t]).is_some_and(|p| p < below)
-        });
-        // The swap's continuation, when it keeps the answer (the response goes on from it).
-        let mut kept_swap = None;
-        if !unlikely {
-            let mut prefix = y[..t].to_vec();
-            prefix.push(predicted[t]);
-            let swapped = continuation(engine, prompt, &prefix, max_response_tokens)?;
-            generated += swapped.response.len() - prefix.len();
-            // A swap whose response commits to no answer within the cap counts as important.
-            let answer = task.committed_answer(&engine.decode(&swapped.response)?);
-            let equivalent = match (&alpha, &answer) {
-                (Some(a), Some(b)) => task.answers_equivalent(a, b),
-                _ => false,
-            };
-            kept_swap = equivalent.then_some(swapped);
+    Ok(search.finish())
+}
+
+/// Algorithm 1 on one problem as a search that asks for one continuation at a time
+/// ([`Self::wanted_prefix`]) and is handed it ([`Self::take`]), so that the searches of
+/// several problems can have their continuations generated together.
+pub struct ProblemSearch {
+    problem_id: usize,
+    prompt: String,
+    max_response_tokens: usize,
+    important_below: Option<f32>,
+    started: Instant,
+    generated: usize,
+    /// The answer of the target's first response (`None`: no labels for this problem).
+    alpha: Option<String>,
+    /// The response so far (unimportant swaps kept), the draft's prediction and the target's
+    /// best tokens at each of its positions.
+    y: Vec<u32>,
+    predicted: Vec<u32>,
+    top: Vec<TopTokens>,
+    /// Mismatches before this position are done.
+    after: usize,
+    mismatches: Vec<Mismatch>,
+    next: Wanted,
+}
+
+/// The continuation a search waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wanted {
+    /// The target's own response.
+    First,
+    /// The response with the draft token swapped in at this position.
+    Swap(usize),
+    Nothing,
+}
+
+impl ProblemSearch {
+    pub fn new(problem_id: usize, prompt: &str, max_response_tokens: usize, important_below: Option<f32>) -> Self {
+        Self {
+            problem_id,
+            prompt: prompt.to_string(),
+            max_response_tokens,
+            important_below,
+            started: Instant::now(),
+            generated: 0,
+            alpha: None,
+            y: Vec::new(),
+            predicted: Vec::new(),
+            top: Vec::new(),
+            after: 0,
+            mismatches: Vec::new(),
+            next: Wanted::First,
         }
-        mismatches.push(Mismatch {
+    }
+
+    pub fn prompt(&self) -> &str {
+        &self.prompt
+    }
+
+    /// The response prefix whose continuation the search needs next; `None` once done.
+    pub fn wanted_prefix(&self) -> Option<Vec<u32>> {
+        match self.next {
+            Wanted::First => Some(Vec::new()),
+            Wanted::Swap(t) => {
+                let mut prefix = self.y[..t].to_vec();
+                prefix.push(self.predicted[t]);
+                Some(prefix)
+            }
+            Wanted::Nothing => None,
+        }
+    }
+
+    /// Hand over the continuation of [`Self::wanted_prefix`]; the search then runs on to the
+    /// next mismatch that needs a regeneration (shortcut labels need none).
+    pub fn take<T: TaskAdapter>(&mut self, found: Continuation, task: &T, decode: &dyn Fn(&[u32]) -> Result<String>) -> Result<()> {
+        let prefix = self.wanted_prefix().context("a continuation handed to a finished search")?;
+        check_continuation(&found, &prefix, self.max_response_tokens)?;
+        self.generated += found.response.len() - prefix.len();
+        match self.next {
+            Wanted::First => {
+                self.alpha = task.committed_answer(&decode(&found.response)?);
+                (self.y, self.predicted, self.top) = (found.response, found.predictions, found.target_top);
+                if self.alpha.is_none() {
+                    // Nothing to compare swaps with (typically cut off before the answer).
+                    self.predicted.clear();
+                }
+            }
+            Wanted::Swap(t) => {
+                // A swap whose response commits to no answer within the cap is important.
+                let answer = task.committed_answer(&decode(&found.response)?);
+                let equivalent = match (&self.alpha, &answer) {
+                    (Some(a), Some(b)) => task.answers_equivalent(a, b),
+                    _ => false,
+                };
+                self.push_mismatch(t, !equivalent, false);
+                if equivalent {
+                    // The response goes on from the swap.
+                    self.predicted.truncate(t + 1);
+                    self.predicted.extend(found.predictions);
+                    self.top.truncate(t + 1);
+                    self.top.extend(found.target_top);
+                    self.y = found.response;
+                }
+                self.after = t + 1;
+            }
+            Wanted::Nothing => unreachable!("checked above"),
+        }
+        self.next = self.next_regeneration();
+        Ok(())
+    }
+
+    /// Label the mismatches from `after` on that the shortcut settles, up to the first one
+    /// that needs a regeneration.
+    fn next_regeneration(&mut self) -> Wanted {
+        while let Some(t) = (self.after..self.predicted.len()).find(|&i| self.y[i] != self.predicted[i]) {
+            let unlikely = self.important_below.zip(self.top.get(t)).is_some_and(|(below, top)| {
+                probability_bound(top, self.predicted[t]).is_some_and(|p| p < below)
+            });
+            if !unlikely {
+                return Wanted::Swap(t);
+            }
+            self.push_mismatch(t, true, true);
+            self.after = t + 1;
+        }
+        Wanted::Nothing
+    }
+
+    fn push_mismatch(&mut self, t: usize, important: bool, shortcut: bool) {
+        self.mismatches.push(Mismatch {
             position: t,
-            target_token: y[t],
-            draft_token: predicted[t],
-            important: kept_swap.is_none(),
-            prefix: y[..t].to_vec(),
-            shortcut: unlikely,
+            target_token: self.y[t],
+            draft_token: self.predicted[t],
+            important,
+            prefix: self.y[..t].to_vec(),
+            shortcut,
         });
-        if let Some(swapped) = kept_swap {
-            predicted.truncate(t + 1);
-            predicted.extend(swapped.predictions);
-            top.truncate(t + 1);
-            top.extend(swapped.target_top);
-            y = swapped.response;
-        }
-        after = t + 1;
     }
-    Ok(ProblemLabels {
-        problem_id,
-        target_answer: alpha,
-        mismatches,
-        final_response: y,
-        generated_tokens: generated,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+
+    /// The labels, once [`Self::wanted_prefix`] is `None`.
+    pub fn finish(self) -> ProblemLabels {
+        debug_assert_eq!(self.next, Wanted::Nothing, "a search finished before it was done");
+        ProblemLabels {
+            problem_id: self.problem_id,
+            target_answer: self.alpha,
+            mismatches: self.mismatches,
+            final_response: self.y,
+            generated_tokens: self.generated,
+            seconds: self.started.elapsed().as_secs_f64(),
+        }
+    }
 }
 
 /// The probability the target gives `token` among its best tokens `top`, or the least of
@@ -145,15 +257,9 @@ pub fn probability_bound(top: &[(u32, f32)], token: u32) -> Option<f32> {
     }
 }
 
-/// [`MiningEngine::continue_response`], checked: the response extends the prefix and there
-/// is one prediction per new position.
-fn continuation<E: MiningEngine>(
-    engine: &mut E,
-    prompt: &str,
-    prefix: &[u32],
-    max_response_tokens: usize,
-) -> Result<Continuation> {
-    let c = engine.continue_response(prompt, prefix, max_response_tokens)?;
+/// A continuation checked against what was asked: the response extends the prefix within
+/// the cap and there is one prediction per new position.
+fn check_continuation(c: &Continuation, prefix: &[u32], max_response_tokens: usize) -> Result<()> {
     ensure!(
         c.response.starts_with(prefix) && c.response.len() <= max_response_tokens.max(prefix.len()),
         "the engine's response does not extend the prefix within the length cap"
@@ -170,5 +276,5 @@ fn continuation<E: MiningEngine>(
         c.target_top.len(),
         c.predictions.len()
     );
-    Ok(c)
+    Ok(())
 }

@@ -27,3 +27,25 @@ fn the_shortcut_bound_must_be_a_probability() {
     let (ok, text) = train_head(&["mine", "--important-below", "1.5"]);
     assert!(!ok && text.contains("1.5") && text.contains("probability"), "{text}");
 }
+
+#[test]
+fn mining_problems_together_is_for_eagle_heads_only() {
+    let (ok, text) = train_head(&["mine", "--together", "4"]);
+    assert!(!ok && text.contains("--together 4") && text.contains("--eagle-head"), "{text}");
+    let (ok, text) = train_head(&["mine", "--eagle-head", "h", "--labels", "/tmp/l.jsonl", "--together", "0"]);
+    assert!(!ok && text.contains("--together") && text.contains('0'), "{text}");
+}
+
+/// `eagle --prompts` trains on that file's prompts: a missing one is named before anything
+/// loads (when the flag was shadowed by the task's own `--prompts`, `eagle` went on to
+/// answer GSM8K problems instead).
+#[test]
+fn eagle_reads_its_prompts_file_first() {
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path().to_str().unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/default.toml");
+    let (ok, text) = train_head(&["eagle", "--config", config, "--prompts", "/no/such/prompts.jsonl", "--work", work, "--out", work]);
+    assert!(!ok && text.contains("/no/such/prompts.jsonl"), "{text}");
+    let (ok, text) = train_head(&["eagle", "--prompts", "p.jsonl", "--source", "math"]);
+    assert!(!ok && text.contains("--source math") && text.contains("eagle"), "{text}");
+}

@@ -35,6 +35,8 @@ struct Scripted {
     /// Report the target's best tokens: its own at 0.95 and a runner-up at this probability
     /// (never a draft token, so a draft's probability is bounded by it).
     runner_up: Option<f32>,
+    /// The number of requests of each `continue_responses` call.
+    batches: Vec<usize>,
 }
 
 impl Scripted {
@@ -43,6 +45,7 @@ impl Scripted {
             fail_after,
             calls: Cell::new(0),
             runner_up: None,
+            batches: Vec::new(),
         }
     }
 
@@ -59,17 +62,27 @@ impl Scripted {
     }
 }
 
-/// The target continues with `BASE` from wherever the prefix ends; the answer (last
-/// token) is shifted by one for every odd (important) token in the prefix.
-fn target_response(prefix: &[u32], max: usize) -> Vec<u32> {
+/// The target's response to problem `k` (prompt `p{k}`; `p` is problem 0): `BASE` with
+/// 1000·k added to every token (parity kept, so the same positions are important).
+fn base(k: u32, i: usize) -> u32 {
+    BASE[i] + 1000 * k
+}
+
+fn problem_of(prompt: &str) -> u32 {
+    prompt[1..].parse().unwrap_or(0)
+}
+
+/// The target continues with its problem's `BASE` from wherever the prefix ends; the
+/// answer (last token) is shifted by one for every odd (important) token in the prefix.
+fn target_response(k: u32, prefix: &[u32], max: usize) -> Vec<u32> {
     let mut out = prefix.to_vec();
     let shift = prefix.iter().filter(|t| *t % 2 == 1).count() as u32;
     while out.len() < BASE.len().min(max) {
         let i = out.len();
         out.push(if i == BASE.len() - 1 {
-            BASE[i] + shift
+            base(k, i) + shift
         } else {
-            BASE[i]
+            base(k, i)
         });
     }
     out
@@ -77,9 +90,9 @@ fn target_response(prefix: &[u32], max: usize) -> Vec<u32> {
 
 impl Scripted {
     /// The draft's arg-max at position `i` of `response`, given the tokens before it.
-    fn draft_at(response: &[u32], i: usize) -> u32 {
-        let swapped_before = i >= 2 && response[i - 2] != BASE[i - 2];
-        let target_next = target_response(&response[..i], i + 1)[i];
+    fn draft_at(k: u32, response: &[u32], i: usize) -> u32 {
+        let swapped_before = i >= 2 && response[i - 2] != base(k, i - 2);
+        let target_next = target_response(k, &response[..i], i + 1)[i];
         if MISMATCHES.contains(&i) || swapped_before {
             draft_token(i, target_next)
         } else {
@@ -89,11 +102,12 @@ impl Scripted {
 }
 
 impl MiningEngine for Scripted {
-    fn continue_response(&mut self, _: &str, prefix: &[u32], max: usize) -> Result<Continuation> {
+    fn continue_response(&mut self, prompt: &str, prefix: &[u32], max: usize) -> Result<Continuation> {
         self.tick()?;
-        let response = target_response(prefix, max);
+        let k = problem_of(prompt);
+        let response = target_response(k, prefix, max);
         let predictions = (prefix.len()..response.len())
-            .map(|i| Self::draft_at(&response, i))
+            .map(|i| Self::draft_at(k, &response, i))
             .collect();
         let target_top = match self.runner_up {
             Some(p) => (prefix.len()..response.len()).map(|i| vec![(response[i], 0.95), (1, p)]).collect(),
@@ -104,6 +118,11 @@ impl MiningEngine for Scripted {
             predictions,
             target_top,
         })
+    }
+
+    fn continue_responses(&mut self, requests: &[(&str, &[u32])], max: usize) -> Result<Vec<Continuation>> {
+        self.batches.push(requests.len());
+        requests.iter().map(|(prompt, prefix)| self.continue_response(prompt, prefix, max)).collect()
     }
 
     fn decode(&self, tokens: &[u32]) -> Result<String> {
@@ -189,6 +208,7 @@ fn a_killed_run_resumes_with_every_finished_problem_and_redoes_the_rest() {
         problems: 0..3,
         max_response_tokens: 100,
         important_below: None,
+        together: 1,
     };
     // Each problem takes 4 engine calls; the engine dies in the middle of problem 1.
     assert!(run_mining(
@@ -292,4 +312,60 @@ fn a_drafts_probability_is_read_or_bounded_by_the_least_reported() {
     assert_eq!(probability_bound(&top, 9), Some(0.3));
     assert_eq!(probability_bound(&top, 7), Some(0.05), "not among them: below the least");
     assert_eq!(probability_bound(&[], 7), None);
+}
+
+/// Problem k: prompt `p{k}`, answer the last number.
+struct Numbered;
+
+impl TaskAdapter for Numbered {
+    type Problem = u32;
+    fn prompt(&self, k: &u32) -> String {
+        format!("p{k}")
+    }
+    fn extract_answer(&self, response: &str) -> Option<String> {
+        LastNumber.extract_answer(response)
+    }
+    fn is_correct(&self, _: &u32, _: &str) -> bool {
+        false
+    }
+}
+
+/// `mine --together`: searches of several problems wait for their continuations together.
+/// Each problem gets the labels it gets alone (each continuation handed to the search that
+/// asked for it), and a run killed in the middle of a batch resumes to the same labels.
+#[test]
+fn problems_mined_together_get_their_labels_alone_and_resume_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let problems: Vec<u32> = (0..5).collect();
+    let plan = |together| MiningPlan {
+        problems: 0..5,
+        max_response_tokens: 100,
+        important_below: None,
+        together,
+    };
+    let alone = dir.path().join("alone.jsonl");
+    run_mining(&mut Scripted::new(None), &Numbered, &problems, &plan(1), &alone).unwrap();
+
+    let together = dir.path().join("together.jsonl");
+    // Four continuations a problem: the first three finish in the fourth step; the engine
+    // dies in the fifth, inside the batch of the last two problems' first continuations.
+    let mut killed = Scripted::new(Some(13));
+    assert!(run_mining(&mut killed, &Numbered, &problems, &plan(3), &together).is_err());
+    assert_eq!(killed.batches, [3, 3, 3, 3, 2], "three problems' continuations at once, then the last two");
+    assert_eq!(LabelStore::open(&together).unwrap().done_count(), 3);
+    let mut resumed = Scripted::new(None);
+    run_mining(&mut resumed, &Numbered, &problems, &plan(3), &together).unwrap();
+    assert!(resumed.batches.iter().all(|&n| (1..=3).contains(&n)));
+
+    let read = |path| {
+        let mut all: Vec<ProblemLabels> = LabelStore::read_all(path).unwrap();
+        all.sort_by_key(|p| p.problem_id);
+        all.into_iter().map(|p| (p.problem_id, p.target_answer, p.mismatches, p.final_response)).collect::<Vec<_>>()
+    };
+    let (alone, together) = (read(&alone), read(&together));
+    assert_eq!(together.len(), 5);
+    assert_eq!(alone, together);
+    // Problem k's labels are problem 0's with its tokens shifted by 1000·k.
+    let shifted: Vec<(usize, u32, u32, bool)> = together[2].2.iter().map(|m| (m.position, m.target_token, m.draft_token, m.important)).collect();
+    assert_eq!(shifted, vec![(1, 2012, 2112, false), (3, 2016, 2017, true), (6, 2022, 2122, false)]);
 }

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
+use candle_core::DType;
 use mistralrs_core::speculative_hook::CaptureRequest;
 use serde::Deserialize;
 use verdict_heads::LogisticHead;
@@ -67,14 +68,25 @@ impl AutoJudge {
 
     /// P(important) of the draft at `position`, or `None` where the features do not exist.
     pub fn importance(&self, view: &StepView, position: usize) -> Result<Option<f32>> {
+        Ok(match self.features(view, position)? {
+            Some(features) => Some(self.head.probability(features.draft.as_deref(), &features.target)?),
+            None => None,
+        })
+    }
+
+    /// The head's inputs for the draft at `position`: the target's state at the position that
+    /// reads the draft token (verify row `position + 1`), and the draft's (its forward
+    /// `position + 1`) when the head uses it; `None` where the draft's does not exist. What
+    /// `train-head features` stores for a mismatch must equal this.
+    pub fn features(&self, view: &StepView, position: usize) -> Result<Option<JudgeFeatures>> {
         let target = view
             .ctx
             .target_hidden
             .last
             .as_ref()
             .context("AutoJudge needs the target's last hidden state; it was not captured")?;
-        let target_row = target.get(position + 1)?.to_vec1::<f32>()?;
-        let draft_row = if self.head.features.uses_draft() {
+        let target = target.get(position + 1)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let draft = if self.head.features.uses_draft() {
             let draft =
                 view.ctx.draft_hidden.last.as_ref().context(
                     "AutoJudge needs the draft's last hidden state; it was not captured",
@@ -82,14 +94,20 @@ impl AutoJudge {
             if position + 1 >= draft.dim(0)? {
                 return Ok(None);
             }
-            Some(draft.get(position + 1)?.to_vec1::<f32>()?)
+            Some(draft.get(position + 1)?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
         } else {
             None
         };
-        Ok(Some(
-            self.head.probability(draft_row.as_deref(), &target_row)?,
-        ))
+        Ok(Some(JudgeFeatures { target, draft }))
     }
+}
+
+/// One draft's features as the AutoJudge head reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JudgeFeatures {
+    pub target: Vec<f32>,
+    /// `None` for a head on target features alone.
+    pub draft: Option<Vec<f32>>,
 }
 
 impl Judge for AutoJudge {

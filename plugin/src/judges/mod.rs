@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use verdict_heads::ModelFingerprint;
 
-pub use autojudge::{AutoJudge, AutoJudgeConfig};
+pub use autojudge::{AutoJudge, AutoJudgeConfig, JudgeFeatures};
 pub use dropmatch::{Criterion, DropMatch, DropMatchConfig};
 pub use fly::{top_k_entropy, Fly, FlyConfig, FlyCounts};
 pub use fsd::{Fsd, FsdConfig, FsdMode};
