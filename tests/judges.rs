@@ -303,11 +303,14 @@ fn pad_non_pivots_are_kept() {
     }
 }
 
+/// Each draft AutoJudge was asked about: the tokens up to and including it, and its features.
+type SeenDrafts = Arc<std::sync::Mutex<Vec<(Vec<u32>, verdict::judges::JudgeFeatures)>>>;
+
 /// Records the features AutoJudge reads for each draft it is asked about, with the tokens up
 /// to and including that draft, then judges as AutoJudge does.
 struct RecordingAutoJudge {
     judge: verdict::judges::AutoJudge,
-    seen: Arc<std::sync::Mutex<Vec<(Vec<u32>, verdict::judges::JudgeFeatures)>>>,
+    seen: SeenDrafts,
 }
 
 impl verdict::judge::Judge for RecordingAutoJudge {
