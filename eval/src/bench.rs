@@ -74,7 +74,7 @@ impl Mode {
     /// draft's probability is below P), `sv` / `nosv` (SV's goodput with `[sv]`'s T_v
     /// decides how many drafts are verified, or not), `learn` / `nolearn` (SV prices drafts
     /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
-    /// `sv`), `tvlearn` / `tvfixed` (SV's T_v learned from the steps run, starting from
+    /// `sv`; by default a lossy stack learns unless `sv.table` is given), `tvlearn` / `tvfixed` (SV's T_v learned from the steps run, starting from
     /// `sv.verify_ms`, or that table as given), `serial` / `batched` (with `--batch`: the
     /// sequences of a step draft one after another, or in one head forward per draft
     /// position), `packed` / `padded` (a batched verify feeds each sequence's own rows, or
@@ -167,6 +167,23 @@ impl Mode {
     pub fn name(&self) -> String {
         self.0.clone()
     }
+
+    /// Whether the mode's options say whether SV learns keep rates (`learn` / `nolearn`).
+    fn names_keep_rate_learning(&self) -> bool {
+        let options = self.eagle_parts().map_or("", |(options, _)| options);
+        options.split('-').any(|o| o == "learn" || o == "nolearn")
+    }
+}
+
+/// How an EAGLE mode's head drafts: as configured, changed by the mode's options; unless
+/// `sv.learn_keep_rates` or the mode says, SV learns keep rates by default under the mode's
+/// own stack (not the config's top-level one) when it is lossy.
+pub fn mode_drafting(config: &Config, mode: &Mode) -> Result<EagleDrafting> {
+    let mut drafting = mode.eagle_drafting(config.eagle_drafting())?;
+    if config.sv.learn_keep_rates.is_none() && !mode.names_keep_rate_learning() {
+        drafting.learn_keep_rates = config.sv.learns_keep_rates_by_default(drafting.sv, !mode.is_lossless());
+    }
+    Ok(drafting)
 }
 
 impl FromStr for Mode {
@@ -363,7 +380,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             );
         }
         if mode.drafts_with_eagle() {
-            eagle_drafting.insert(mode.clone(), mode.eagle_drafting(config.eagle_drafting())?);
+            eagle_drafting.insert(mode.clone(), mode_drafting(config, mode)?);
             // A named head must exist before anything loads.
             config.eagle_head_named(mode.eagle_head_name()).with_context(|| format!("bench mode {:?}", mode.0))?;
         }
@@ -1133,6 +1150,27 @@ mod tests {
         }
         // Without the colon it is a stack's name, not an EAGLE mode.
         assert!(!mode("eagle-q4k").drafts_with_eagle());
+    }
+
+    /// With SV, a mode over a lossy stack learns keep rates unless the mode or `[sv]` says
+    /// otherwise; a lossless mode does not, whatever the config's top-level stack.
+    #[test]
+    fn lossy_modes_learn_keep_rates_by_default() {
+        let config = |sv: &str| {
+            Config::from_toml(&format!(
+                "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n[sv]\n{sv}\n[[judge]]\nkind = \"fsd\"\nthreshold = 0.5\n"
+            ))
+            .unwrap()
+        };
+        let learns = |config: &Config, name: &str| mode_drafting(config, &name.parse().unwrap()).unwrap().learn_keep_rates;
+        let sv = config("enabled = true");
+        assert!(learns(&sv, "eagle:dropmatch"));
+        assert!(!learns(&sv, "eagle:exact"), "a lossless mode under a config whose own stack is lossy");
+        assert!(!learns(&sv, "eagle-nolearn:dropmatch"));
+        assert!(!learns(&config(""), "eagle:dropmatch"), "no SV");
+        assert!(learns(&config(""), "eagle-sv:dropmatch"), "SV turned on by the mode");
+        assert!(learns(&sv, "eagle-learn:exact"));
+        assert!(!learns(&config("enabled = true\nlearn_keep_rates = false"), "eagle:dropmatch"));
     }
 
     #[test]

@@ -197,7 +197,7 @@ impl Config {
             min_confidence: s.eagle_min_confidence,
             min_first_confidence: s.eagle_min_first_confidence,
             sv: self.sv.enabled,
-            learn_keep_rates: self.sv.learn_keep_rates,
+            learn_keep_rates: self.sv.learns_keep_rates(self.judges.iter().any(|j| j.enabled)),
             learn_verify_ms: self.sv.learns_verify_ms(),
             batched: s.eagle_batched_drafting,
             packed: s.packed_verify_rows,
@@ -260,7 +260,10 @@ pub struct SvConfig {
     pub table: Option<PathBuf>,
     /// Learn that chance while decoding, from the drafts already verified under the running
     /// judge stack (a lossy stack keeps more than the target's own choice). Not with `table`.
-    pub learn_keep_rates: bool,
+    /// Default: with SV on, learn under a stack with an enabled judge (the head's confidence
+    /// says how often the target agrees, which undervalues drafts a judge keeps), unless
+    /// `table` is given; not under a lossless one.
+    pub learn_keep_rates: Option<bool>,
     /// How many drafts the head's own confidence counts as in each learned bin (default 50).
     pub keep_rate_prior_weight: Option<f64>,
 }
@@ -288,6 +291,18 @@ impl SvConfig {
             );
         }
         KeepRates::new(KEEP_RATE_BINS, self.keep_rate_prior_weight.unwrap_or(DEFAULT_KEEP_RATE_PRIOR_WEIGHT)).map(Some)
+    }
+
+    /// Whether SV learns keep rates under a stack that is `lossy` (has an enabled judge) or
+    /// not: as `learn_keep_rates` says, by default with SV on under a lossy stack without a
+    /// `table`.
+    pub fn learns_keep_rates(&self, lossy: bool) -> bool {
+        self.learn_keep_rates.unwrap_or(self.learns_keep_rates_by_default(self.enabled, lossy))
+    }
+
+    /// The default of `learn_keep_rates` where SV is `sv` (on or off) and the stack `lossy`.
+    pub fn learns_keep_rates_by_default(&self, sv: bool, lossy: bool) -> bool {
+        sv && lossy && self.table.is_none()
     }
 
     /// Whether SV learns T_v while decoding (`learn_verify_ms`, by default when no
@@ -816,6 +831,23 @@ mod tests {
         assert!(err.contains("sv.keep_rate_prior_weight") && err.contains("-2"), "{err}");
         let config = Config::from_toml(&format!("{MINIMAL}[sv]\nlearn_keep_rates = true\n")).unwrap();
         assert!(config.eagle_drafting().learn_keep_rates);
+    }
+
+    /// SV learns keep rates by default under a lossy stack (an enabled judge), where the
+    /// head's confidence undervalues what the judges keep; not under a lossless stack, not
+    /// without SV, not with an acceptance table, and never against an explicit setting.
+    #[test]
+    fn keep_rates_are_learned_by_default_under_a_lossy_stack() {
+        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
+        let learns = |sv: &str, judges: &str| Config::from_toml(&format!("{eagle}[sv]\n{sv}\n{judges}")).unwrap().eagle_drafting().learn_keep_rates;
+        let fsd = "[[judge]]\nkind = \"fsd\"\nthreshold = 0.5\n";
+        assert!(learns("enabled = true", fsd));
+        assert!(!learns("enabled = true", ""), "lossless");
+        assert!(!learns("enabled = true", &format!("{fsd}enabled = false\n")), "its only judge disabled");
+        assert!(!learns("", fsd), "no SV");
+        assert!(!learns("enabled = true\ntable = \"t.json\"", fsd), "an acceptance table");
+        assert!(!learns("enabled = true\nlearn_keep_rates = false", fsd));
+        assert!(learns("enabled = true\nlearn_keep_rates = true", ""));
     }
 
     #[test]
