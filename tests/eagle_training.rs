@@ -57,6 +57,18 @@ fn captured(dir: &Path) -> (LoadedModels, Vec<PathBuf>, Vec<Vec<u32>>) {
     (models, files, responses)
 }
 
+/// A tiny target (in `dir/target`) loaded alone, and a random EAGLE-3 head over its whole
+/// vocabulary with the embeddings it drafts with.
+fn target_with_random_head(dir: &Path) -> (TinySpec, LoadedModels, std::sync::Arc<Eagle3Head>, std::sync::Arc<dyn verdict::proposers::eagle::TokenEmbeddings>) {
+    let spec = TinySpec::new(TinyArch::Llama, 11);
+    write_tiny_model(&spec, &dir.join("target")).unwrap();
+    let config = Config::from_toml(&format!("[models]\ntarget = {:?}\n[speculative]\nenabled = false\n", dir.join("target").to_str().unwrap())).unwrap();
+    let models = LoadedModels::load(&config).unwrap();
+    let vocab = models.target_fingerprint.vocab_size;
+    let (head, embeddings) = verdict::tiny_model::random_eagle3_head(spec.hidden_size, vocab, (0..vocab as u32).collect()).unwrap();
+    (spec, models, std::sync::Arc::new(head), std::sync::Arc::new(embeddings))
+}
+
 fn head_config(vocab_size: usize, draft_vocab: usize) -> Eagle3Config {
     serde_json::from_value(serde_json::json!({
         "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
@@ -149,22 +161,12 @@ fn a_head_learns_the_targets_features_and_resumes_exactly() {
 #[test]
 fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
     let _capturing = capturing();
-    use std::sync::Arc;
-    use verdict::proposers::eagle::{SequenceDrafter, TokenEmbeddings};
+    use verdict::proposers::eagle::SequenceDrafter;
     use verdict_training::{eagle_capture::capture_layers, eagle_mine::EagleMiningEngine};
 
     let dir = tempfile::tempdir().unwrap();
-    let spec = TinySpec::new(TinyArch::Llama, 11);
-    write_tiny_model(&spec, &dir.path().join("target")).unwrap();
-    let config = Config::from_toml(&format!(
-        "[models]\ntarget = {:?}\n[speculative]\nenabled = false\n",
-        dir.path().join("target").to_str().unwrap()
-    ))
-    .unwrap();
-    let models = LoadedModels::load(&config).unwrap();
+    let (spec, models, head, embeddings) = target_with_random_head(dir.path());
     let vocab = models.target_fingerprint.vocab_size;
-    let (head, embeddings) = verdict::tiny_model::random_eagle3_head(spec.hidden_size, vocab, (0..vocab as u32).collect()).unwrap();
-    let (head, embeddings): (Arc<Eagle3Head>, Arc<dyn TokenEmbeddings>) = (Arc::new(head), Arc::new(embeddings));
     let engines = MistralEngines::target_only(&models).unwrap();
     let mut miner = EagleMiningEngine::with_head(engines, head.clone(), embeddings.clone(), LAYERS.to_vec());
 
@@ -259,8 +261,7 @@ impl verdict_eval::tasks::TaskAdapter for LastWord {
 #[test]
 fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
     let _capturing = capturing();
-    use std::sync::Arc;
-    use verdict::{proposers::eagle::TokenEmbeddings, tiny_model::words};
+    use verdict::tiny_model::words;
     use verdict_training::{
         eagle_mine::EagleMiningEngine,
         labels::LabelStore,
@@ -268,17 +269,7 @@ fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
     };
 
     let dir = tempfile::tempdir().unwrap();
-    let spec = TinySpec::new(TinyArch::Llama, 11);
-    write_tiny_model(&spec, &dir.path().join("target")).unwrap();
-    let config = Config::from_toml(&format!(
-        "[models]\ntarget = {:?}\n[speculative]\nenabled = false\n",
-        dir.path().join("target").to_str().unwrap()
-    ))
-    .unwrap();
-    let models = LoadedModels::load(&config).unwrap();
-    let vocab = models.target_fingerprint.vocab_size;
-    let (head, embeddings) = verdict::tiny_model::random_eagle3_head(spec.hidden_size, vocab, (0..vocab as u32).collect()).unwrap();
-    let (head, embeddings): (Arc<Eagle3Head>, Arc<dyn TokenEmbeddings>) = (Arc::new(head), Arc::new(embeddings));
+    let (_, models, head, embeddings) = target_with_random_head(dir.path());
     let problems: Vec<String> = [[3, 24, 41, 9], [5, 11, 30, 2], [17, 8, 44, 1], [40, 13, 6, 27], [21, 33, 2, 50]].iter().map(|w| words(w)).collect();
     let plan = |together| MiningPlan { problems: 0..problems.len(), max_response_tokens: 14, important_below: None, together };
     let labels = |path: &Path| {
