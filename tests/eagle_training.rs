@@ -219,7 +219,7 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
         problem_id: 0,
         target_answer: Some("1".into()),
         mismatches: (0..2)
-            .map(|i| Mismatch { position: i, target_token: response[i], draft_token: predictions[i], important: i == 0, prefix: response[..i].to_vec(), shortcut: false })
+            .map(|i| Mismatch { position: i, target_token: response[i], draft_token: predictions[i], important: i == 0, prefix: response[..i].to_vec(), shortcut: false, draft_probability: None })
             .collect(),
         final_response: response.clone(),
         generated_tokens: response.len(),
@@ -272,10 +272,18 @@ fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
     let (_, models, head, embeddings) = target_with_random_head(dir.path());
     let problems: Vec<String> = [[3, 24, 41, 9], [5, 11, 30, 2], [17, 8, 44, 1], [40, 13, 6, 27], [21, 33, 2, 50]].iter().map(|w| words(w)).collect();
     let plan = |together| MiningPlan { problems: 0..problems.len(), max_response_tokens: 14, important_below: None, together };
+    // Each problem's labels with the run's wall time left out, and apart from them the
+    // target's probabilities of its drafts.
     let labels = |path: &Path| {
         let mut all = LabelStore::read_all(path).unwrap();
         all.sort_by_key(|p| p.problem_id);
-        all.into_iter().map(|p| (p.problem_id, p.target_answer, p.mismatches, p.final_response, p.generated_tokens)).collect::<Vec<_>>()
+        all.into_iter()
+            .map(|mut problem| {
+                problem.seconds = 0.0;
+                let probabilities: Vec<f32> = problem.mismatches.iter_mut().map(|m| m.draft_probability.take().expect("the miner reads the draft's probability")).collect();
+                (problem, probabilities)
+            })
+            .collect::<Vec<_>>()
     };
 
     let alone = dir.path().join("alone.jsonl");
@@ -289,8 +297,19 @@ fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
     mine(&mut miner, &LastWord, &problems, &plan(3), &together).unwrap();
 
     let (alone, together) = (labels(&alone), labels(&together));
-    let tested: usize = alone.iter().map(|p| p.2.len()).sum();
-    let regenerated = alone.iter().map(|p| p.4).sum::<usize>() > alone.iter().map(|p| p.3.len()).sum::<usize>();
+    assert_eq!(together.len(), problems.len());
+    let tested: usize = alone.iter().map(|(p, _)| p.mismatches.len()).sum();
+    let regenerated = alone.iter().map(|(p, _)| p.generated_tokens).sum::<usize>() > alone.iter().map(|(p, _)| p.final_response.len()).sum::<usize>();
     assert!(tested >= 3 && regenerated, "too little was mined to compare ({tested} mismatches)");
-    assert_eq!(alone, together);
+    // A decode alone and one in a ragged batch (whose make-up depends on timing) sum in
+    // different orders: the target's probabilities differ in the last bits, and now and then
+    // (about one run in eight here) a near-tie flips one problem's labels. A continuation
+    // handed to the wrong search changes every problem's.
+    let same: Vec<usize> = alone.iter().zip(&together).filter(|((a, _), (b, _))| a == b).map(|((a, _), _)| a.problem_id).collect();
+    assert!(same.len() >= problems.len() - 2, "only problems {same:?} got the labels they get mined alone");
+    for ((_, a), (_, b)) in alone.iter().zip(&together).filter(|((a, _), (b, _))| a == b) {
+        for (a, b) in a.iter().zip(b) {
+            assert!((a - b).abs() <= 1e-4 * a.max(*b), "the draft's probability {a} alone, {b} together");
+        }
+    }
 }

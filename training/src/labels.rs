@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 /// One tested mismatch: at `position` of the response the draft predicted `draft_token`
 /// where the target wrote `target_token`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Mismatch {
     /// Index in the response (0 = first generated token).
     pub position: usize,
@@ -27,6 +27,12 @@ pub struct Mismatch {
     /// no probability (`mine --important-below`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shortcut: bool,
+    /// The target's probability of the draft token there, read among its best tokens, or
+    /// the least of theirs (a bound) when it is not among them; `None` when the engine did
+    /// not report them. With it, a file mined without the shortcut says which labels the
+    /// shortcut would have given at any bound, and how many of those a regeneration refutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_probability: Option<f32>,
 }
 
 /// Everything mined from one problem.

@@ -231,6 +231,7 @@ impl ProblemSearch {
             important,
             prefix: self.y[..t].to_vec(),
             shortcut,
+            draft_probability: self.top.get(t).and_then(|top| probability_bound(top, self.predicted[t])),
         });
     }
 

@@ -58,6 +58,7 @@ fn mismatch(position: usize, target_token: u32, draft_token: u32) -> Mismatch {
         important: false,
         prefix: vec![1; position],
         shortcut: false,
+        draft_probability: None,
     }
 }
 
