@@ -74,8 +74,9 @@ impl Mode {
     /// draft's probability is below P), `sv` / `nosv` (SV's goodput with `[sv]`'s T_v
     /// decides how many drafts are verified, or not), `learn` / `nolearn` (SV prices drafts
     /// by the keep rates the mode's stack shows, learned as it runs; implies nothing without
-    /// `sv`; by default a lossy stack learns unless `sv.table` is given), `tvlearn` / `tvfixed` (SV's T_v learned from the steps run, starting from
-    /// `sv.verify_ms`, or that table as given), `serial` / `batched` (with `--batch`: the
+    /// `sv`; by default a lossy stack learns unless `sv.table` is given), `tvlearn` /
+    /// `tvfixed` (SV's T_v learned from the steps run, starting from `sv.verify_ms`, or that
+    /// table as given), `serial` / `batched` (with `--batch`: the
     /// sequences of a step draft one after another, or in one head forward per draft
     /// position), `packed` / `padded` (a batched verify feeds each sequence's own rows, or
     /// pads them to the widest): `eagle-q4k-g6-c0.5:exact`, `eagle-sv:exact`. `eagle@<name>`

@@ -134,29 +134,27 @@ impl MiningEngine for EagleMiningEngine {
 
     /// The target's continuations decoded together, then the head's drafts along each.
     fn continue_responses(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
-        let mut contexts = Vec::with_capacity(requests.len());
+        // Each request's whole context (prompt tokens, then the prefix), the tokens the
+        // target may add to it, and where its response starts.
+        let mut asked = Vec::with_capacity(requests.len());
+        let mut response_starts = Vec::with_capacity(requests.len());
         for (prompt, prefix) in requests {
             let mut context = self.engines.prompt_tokens(prompt)?;
-            let prompt_len = context.len();
+            response_starts.push(context.len());
             context.extend_from_slice(prefix);
-            contexts.push((context, prompt_len));
+            asked.push((context, max_response_tokens.saturating_sub(prefix.len())));
         }
         let started = std::time::Instant::now();
-        let asked: Vec<(Vec<u32>, usize)> = contexts
-            .iter()
-            .zip(requests)
-            .map(|((context, _), (_, prefix))| (context.clone(), max_response_tokens.saturating_sub(prefix.len())))
-            .collect();
         let generated = self.engines.greedy_with_top_together(Model::Target, &asked, TARGET_TOP_K)?;
         let generating = started.elapsed().as_secs_f64();
         let mut continuations = Vec::with_capacity(requests.len());
-        for (((mut context, prompt_len), (_, prefix)), (new, target_top)) in contexts.into_iter().zip(requests).zip(generated) {
+        for ((((mut context, _), response_start), (_, prefix)), (new, target_top)) in asked.into_iter().zip(response_starts).zip(requests).zip(generated) {
             let mut response = prefix.to_vec();
             response.extend_from_slice(&new);
             context.extend_from_slice(&new);
             let predictions = match new.is_empty() {
                 true => Vec::new(),
-                false => self.head_predictions(&context, prompt_len + prefix.len())?,
+                false => self.head_predictions(&context, response_start + prefix.len())?,
             };
             continuations.push(Continuation { response, predictions, target_top });
         }

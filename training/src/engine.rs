@@ -217,7 +217,7 @@ impl MistralEngines {
         &self.models
     }
 
-    fn engine(&self, model: Model) -> &MistralRs {
+    fn engine(&self, model: Model) -> &Arc<MistralRs> {
         match model {
             Model::Target => &self.target,
             Model::Draft => &self.draft,
@@ -345,10 +345,7 @@ impl MistralEngines {
     /// any is awaited, so the engine decodes them as one batch (up to its `max_seqs`; with
     /// ragged decode batches, whatever their lengths).
     pub fn greedy_with_top_together(&self, model: Model, requests: &[(Vec<u32>, usize)], k: usize) -> Result<Vec<(Vec<u32>, Vec<TopTokens>)>> {
-        let engine = match model {
-            Model::Target => self.target.clone(),
-            Model::Draft => self.draft.clone(),
-        };
+        let engine = self.engine(model);
         let generations = self.runtime.block_on(async {
             let mut running = tokio::task::JoinSet::new();
             for (index, (context, max_new)) in requests.iter().enumerate().filter(|(_, (_, max_new))| *max_new > 0) {

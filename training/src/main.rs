@@ -518,6 +518,18 @@ impl TaskArgs {
     }
 }
 
+impl MineArgs {
+    /// The mining run these flags ask for, `together` problems at a time.
+    fn plan(&self, together: usize) -> MiningPlan {
+        MiningPlan {
+            problems: self.first..self.first + self.problems,
+            max_response_tokens: self.max_response_tokens,
+            important_below: (self.important_below > 0.0).then_some(self.important_below),
+            together,
+        }
+    }
+}
+
 /// `--together` is for EAGLE mining only (checked before any model loads).
 fn check_together(args: &MineArgs) -> Result<()> {
     match args.together.filter(|&n| n > 1 && args.eagle_head.is_none()) {
@@ -547,13 +559,7 @@ fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
             &args.pad.pad_labels,
         );
     }
-    let plan = MiningPlan {
-        problems: args.first..args.first + args.problems,
-        max_response_tokens: args.max_response_tokens,
-        important_below: (args.important_below > 0.0).then_some(args.important_below),
-        together: 1,
-    };
-    args.task.mine(engines, &plan, &args.labels.labels)
+    args.task.mine(engines, &args.plan(1), &args.labels.labels)
 }
 
 /// Problems an EAGLE mining run mines together unless told: a batch of continuations
@@ -583,13 +589,7 @@ fn run_eagle_mine(args: &MineArgs) -> Result<()> {
     if together > 1 {
         engine.engines().batch_continuations(together, TOGETHER_CACHE_BYTES);
     }
-    let plan = MiningPlan {
-        problems: args.first..args.first + args.problems,
-        max_response_tokens: args.max_response_tokens,
-        important_below: (args.important_below > 0.0).then_some(args.important_below),
-        together,
-    };
-    args.task.mine(&mut engine, &plan, &args.labels.labels)
+    args.task.mine(&mut engine, &args.plan(together), &args.labels.labels)
 }
 
 fn prompt_lookup<'a>(
