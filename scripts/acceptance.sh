@@ -9,7 +9,9 @@
 #      against BEST (the best lossless proposer of run 1) under `rejection`;
 #   3. the figures of every report.
 # Run it alone on the cores: a build or a training job beside it makes the speeds meaningless.
-# STAGE=t0 or STAGE=t07 runs one stage only.
+# STAGE=t0 or STAGE=t07 runs one stage only. To have the cores for something else meanwhile,
+# `touch .verdict-work/hold-bench`: the bench waits before its next problem until the file is
+# removed (HOLD names another file), so no run is timed beside the other work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 verdict="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}/release/verdict"
@@ -17,15 +19,16 @@ verdict="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}/release/verdict"
 [ -f heads/general-eagle3/config.json ] || { echo "no heads/general-eagle3: train it first (docs/training.md)" >&2; exit 1; }
 stage="${STAGE:-all}"
 best="${BEST:-ngram+eagle@general}"
+hold="${HOLD:-.verdict-work/hold-bench}"
 if [ "$stage" = all ] || [ "$stage" = t0 ]; then
   "$verdict" bench --config configs/tasks.toml --suite "${N0:-50}" --max-tokens 512 \
     --modes plain,eagle@gsm8k:exact,eagle@general:exact,ngram:exact,ngram+eagle@general:exact \
-    --out bench-results/suite-t0.json
+    --out bench-results/suite-t0.json --hold-while "$hold"
 fi
 if [ "$stage" = all ] || [ "$stage" = t07 ]; then
   "$verdict" bench --config configs/tasks.toml --suite "${N1:-30}" --max-tokens 512 \
     --temperature 0.7 --top-p 0.95 --seeds 2 \
-    --modes "plain,$best:rejection" --out bench-results/suite-t07.json
+    --modes "plain,$best:rejection" --out bench-results/suite-t07.json --hold-while "$hold"
 fi
 for report in bench-results/suite-t0-*.json bench-results/suite-t07-*.json; do
   [ -f "$report" ] && "$verdict" plot "$report" --out "${report%.json}"

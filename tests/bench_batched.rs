@@ -36,6 +36,7 @@ fn run(dir: &std::path::Path, batch: usize, ragged: bool, modes: &[&str], out: &
             batch,
             prefix_cache: false,
             seeds: 1,
+            hold_while: None,
         },
     )
     .unwrap();
@@ -124,6 +125,7 @@ fn seeds_sample_each_problem_again_and_pair_by_seed() {
         batch: 1,
         prefix_cache: false,
         seeds: 2,
+        hold_while: None,
     };
     let report = bench::run(&config, &options).unwrap();
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
@@ -145,4 +147,38 @@ fn seeds_sample_each_problem_again_and_pair_by_seed() {
     let before = std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap();
     bench::run(&config, &options).unwrap();
     assert_eq!(std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap(), before);
+}
+
+/// `--hold-while FILE`: while the file exists the bench decodes nothing (no run is timed while
+/// another job has the cores); once it is removed the bench goes on and finishes.
+#[test]
+fn a_held_bench_waits_for_its_file_to_go() {
+    let dir = setup();
+    let config = config(dir.path(), 3, "exact", 6);
+    let out = dir.path().join("held.json");
+    let hold = dir.path().join("hold");
+    std::fs::write(&hold, "").unwrap();
+    let options = BenchOptions {
+        task: verdict_eval::bench::TaskName::Gsm8k,
+        sandbox_python: "/usr/bin/python3".into(),
+        data_dir: dir.path().join("gsm8k"),
+        split: "test".into(),
+        subset: Subset { ids: None, offset: 0, limit: Some(2) },
+        modes: vec![Mode::plain(), "exact".parse().unwrap()],
+        out: out.clone(),
+        explain_divergences: false,
+        batch: 1,
+        prefix_cache: false,
+        seeds: 1,
+        hold_while: Some(hold.clone()),
+    };
+    let bench = std::thread::spawn(move || bench::run(&config, &options).unwrap());
+    // Long enough for the engines to load and the tiny pair to decode both problems.
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    assert!(!bench.is_finished(), "the bench finished while held");
+    let runs = std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap_or_default();
+    assert_eq!(runs.lines().count(), 0, "runs were decoded while held: {runs}");
+    std::fs::remove_file(&hold).unwrap();
+    let report = bench.join().unwrap();
+    assert_eq!(report.runs.len(), 4, "2 problems × 2 modes once the hold is gone");
 }

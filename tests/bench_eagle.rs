@@ -56,6 +56,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         batch: 1,
         prefix_cache: true,
         seeds: 1,
+        hold_while: None,
     };
     bench::run(&config, &options).unwrap();
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
@@ -104,6 +105,7 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
             split: options.split.clone(),
             sandbox_python: options.sandbox_python.clone(),
             subset: Subset { ids: None, offset: 0, limit: None },
+            hold_while: None,
             ..options
         };
         let err = format!("{:#}", bench::run(&config, &bad).err().unwrap_or_else(|| panic!("{mode} was accepted")));

@@ -112,6 +112,10 @@ enum Command {
         /// JSON report; runs are checkpointed beside it (<out>.runs.jsonl) and resumed.
         #[arg(long, default_value = "bench-results/bench.json")]
         out: PathBuf,
+        /// Before each problem, wait while this file exists: touch it to have the cores for
+        /// other work between problems (no run is timed meanwhile), remove it to go on.
+        #[arg(long, value_name = "FILE")]
+        hold_while: Option<PathBuf>,
         /// Skip locating where lossless modes first differ from plain decoding (that costs
         /// one extra plain generation per differing problem).
         #[arg(long)]
@@ -164,8 +168,9 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "stock,weight-stationary")]
         kernels: Vec<QuantKernel>,
         /// Threads that run the forward, compared with each kernel: pool (a thread of the
-        /// pool the kernels split work over, what verdict runs) and caller (the engine
-        /// thread, as upstream).
+        /// pool the kernels split work over, its other threads polling for work until the
+        /// forward ends: what verdict runs), pool-sleeping (the same, the other threads left to
+        /// fall asleep between parallel ops) and caller (the engine thread, as upstream).
         #[arg(long, value_delimiter = ',', default_value = "pool")]
         threads: Vec<ForwardThread>,
         /// Tokens generated per request.
@@ -242,6 +247,7 @@ fn main() -> Result<()> {
     // and decoding is not slower (`verdict forward-cost --kernels weight-stationary,row-invariant`).
     QuantKernel::RowInvariant.select();
     QuantKernel::hold_weights_once(true);
+    verdict::memory::keep_freed_memory();
     match Cli::parse().command {
         Command::Serve { config, port } => serve(&Config::load(&config)?, port),
         Command::Generate {
@@ -268,6 +274,7 @@ fn main() -> Result<()> {
             no_divergences,
             quant_kernel,
             no_prefix_cache,
+            hold_while,
             max_tokens,
         } => {
             quant_kernel.select();
@@ -300,6 +307,7 @@ fn main() -> Result<()> {
                 batch,
                 prefix_cache: !no_prefix_cache,
                 seeds,
+                hold_while,
             };
             let Some(per_task) = suite else {
                 print_bench_report(&bench::run(&config, &options)?);
@@ -317,6 +325,7 @@ fn main() -> Result<()> {
                     split: if task == verdict_eval::benchmark::TaskName::Gsm8k { options.split.clone() } else { "test".into() },
                     data_dir: options.data_dir.clone(),
                     sandbox_python: options.sandbox_python.clone(),
+                    hold_while: options.hold_while.clone(),
                     ..options
                 };
                 let report = bench::run(&config, &options)?;

@@ -224,6 +224,23 @@ pub struct BenchOptions {
     /// Samples per problem and mode (sampling at a temperature): accuracy is the mean over
     /// them, and each is paired with plain decoding's sample of the same number.
     pub seeds: usize,
+    /// Before each problem (each group when batched), wait while this file exists, so that
+    /// other work can have the cores between problems without being timed into a run.
+    pub hold_while: Option<PathBuf>,
+}
+
+/// Waits while `hold` names an existing file, saying so once on the progress bar and in the
+/// log: a run is never timed while another job has the cores.
+fn wait_while_held(hold: Option<&Path>, bar: &ProgressBar) {
+    let Some(hold) = hold.filter(|h| h.exists()) else { return };
+    tracing::info!("bench held: waiting while {} exists", hold.display());
+    let message = bar.message();
+    bar.set_message(format!("held while {} exists", hold.display()));
+    while hold.exists() {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    tracing::info!("bench resumed: {} is gone", hold.display());
+    bar.set_message(message);
 }
 
 /// One (problem, mode) run.
@@ -584,6 +601,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         };
         let n = options.modes.len();
         for (position, group) in groups.iter().enumerate() {
+            wait_while_held(options.hold_while.as_deref(), &bar);
             // Modes take turns first, group by group, as the unbatched runs do per problem.
             for k in 0..n {
                 let mode = &options.modes[(position + k) % n];
@@ -647,6 +665,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let n = rotated.len();
     for (position, &(index, seed)) in one_at_a_time.iter().enumerate() {
         let order = (0..n).map(|k| rotated[(position + k) % n]).chain(last.iter().copied());
+        if options.modes.iter().any(|m| !done.contains(&((index, seed), m.clone()))) {
+            wait_while_held(options.hold_while.as_deref(), &bar);
+        }
         for mode in order {
             let mode = mode.clone();
             if done.contains(&((index, seed), mode.clone())) {

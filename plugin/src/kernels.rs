@@ -85,24 +85,29 @@ impl FromStr for QuantKernel {
 }
 
 /// Which thread runs a CPU forward (mistral.rs patch `0020`): a thread of the rayon pool that
-/// candle's kernels split each op over (what `verdict` runs), or the engine thread that asks
+/// candle's kernels split each op over, the pool's other threads kept polling for work until
+/// the forward ends (patch `0033`: what `verdict` runs); the same with the other threads
+/// falling asleep between parallel ops, as rayon lets them; or the engine thread that asks
 /// for it, as upstream does, handing every parallel op to the pool and waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ForwardThread {
     ComputePool,
+    ComputePoolSleeping,
     Caller,
 }
 
 impl ForwardThread {
     /// Switches every later CPU forward of this process's pipelines to this thread.
     pub fn select(self) {
-        mistralrs_core::hidden_capture::set_forward_on_compute_pool(self == ForwardThread::ComputePool);
+        mistralrs_core::hidden_capture::set_forward_on_compute_pool(self != ForwardThread::Caller);
+        mistralrs_core::hidden_capture::set_pool_awake_during_forward(self == ForwardThread::ComputePool);
     }
 
     pub fn name(self) -> &'static str {
         match self {
             ForwardThread::ComputePool => "pool",
+            ForwardThread::ComputePoolSleeping => "pool-sleeping",
             ForwardThread::Caller => "caller",
         }
     }
@@ -120,8 +125,11 @@ impl FromStr for ForwardThread {
     fn from_str(s: &str) -> anyhow::Result<Self> {
         match s {
             "pool" => Ok(ForwardThread::ComputePool),
+            "pool-sleeping" => Ok(ForwardThread::ComputePoolSleeping),
             "caller" => Ok(ForwardThread::Caller),
-            other => anyhow::bail!("unknown forward thread {other:?}: expected \"pool\" or \"caller\""),
+            other => anyhow::bail!(
+                "unknown forward thread {other:?}: expected \"pool\", \"pool-sleeping\" or \"caller\""
+            ),
         }
     }
 }

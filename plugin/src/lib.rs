@@ -15,6 +15,7 @@ pub mod fingerprint;
 pub mod judge;
 pub mod judges;
 pub mod kernels;
+pub mod memory;
 pub mod metrics;
 pub mod models;
 pub mod proposers;

@@ -131,6 +131,7 @@ fn gsm8k_examples(config: &Config, plan: &EaglePlan) -> Result<Vec<Example>> {
             // The responses were generated without one; a hit would change nothing.
             prefix_cache: false,
             seeds: 1,
+            hold_while: None,
         },
     )?;
     let mut runs = bench::load_checkpoint(&bench::checkpoint_path(&responses))?;

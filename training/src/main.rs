@@ -647,6 +647,7 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    verdict::memory::keep_freed_memory();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Mine(args)) if args.eagle_head.is_some() => run_eagle_mine(&args),
