@@ -104,6 +104,24 @@ fn speculative_modes_batch_with_plain_decoding_and_answer_as_one_at_a_time() {
     }
 }
 
+/// Problems 0 and 1, one at a time, plain decoding and `mode`, reported at `out`.
+fn first_two(dir: &std::path::Path, mode: &str, out: &std::path::Path) -> BenchOptions {
+    BenchOptions {
+        task: verdict_eval::bench::TaskName::Gsm8k,
+        sandbox_python: "/usr/bin/python3".into(),
+        data_dir: dir.join("gsm8k"),
+        split: "test".into(),
+        subset: Subset { ids: None, offset: 0, limit: Some(2) },
+        modes: vec![Mode::plain(), mode.parse().unwrap()],
+        out: out.to_path_buf(),
+        explain_divergences: false,
+        batch: 1,
+        prefix_cache: false,
+        seeds: 1,
+        hold_while: None,
+    }
+}
+
 /// `--seeds 2` at temperature 1: each problem is sampled twice per mode (runs numbered by
 /// seed, resumed by (problem, seed)), and each speculative sample is paired with plain
 /// decoding's sample of the same number.
@@ -113,20 +131,7 @@ fn seeds_sample_each_problem_again_and_pair_by_seed() {
     let mut config = config(dir.path(), 3, "rejection", 6);
     config.sampling.temperature = 1.0;
     let out = dir.path().join("seeds.json");
-    let options = BenchOptions {
-        task: verdict_eval::bench::TaskName::Gsm8k,
-        sandbox_python: "/usr/bin/python3".into(),
-        data_dir: dir.path().join("gsm8k"),
-        split: "test".into(),
-        subset: Subset { ids: None, offset: 0, limit: Some(2) },
-        modes: vec![Mode::plain(), "rejection".parse().unwrap()],
-        out: out.clone(),
-        explain_divergences: false,
-        batch: 1,
-        prefix_cache: false,
-        seeds: 2,
-        hold_while: None,
-    };
+    let options = BenchOptions { seeds: 2, ..first_two(dir.path(), "rejection", &out) };
     let report = bench::run(&config, &options).unwrap();
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let mut units: Vec<(u64, u64, String)> = json["runs"]
@@ -158,20 +163,7 @@ fn a_held_bench_waits_for_its_file_to_go() {
     let out = dir.path().join("held.json");
     let hold = dir.path().join("hold");
     std::fs::write(&hold, "").unwrap();
-    let options = BenchOptions {
-        task: verdict_eval::bench::TaskName::Gsm8k,
-        sandbox_python: "/usr/bin/python3".into(),
-        data_dir: dir.path().join("gsm8k"),
-        split: "test".into(),
-        subset: Subset { ids: None, offset: 0, limit: Some(2) },
-        modes: vec![Mode::plain(), "exact".parse().unwrap()],
-        out: out.clone(),
-        explain_divergences: false,
-        batch: 1,
-        prefix_cache: false,
-        seeds: 1,
-        hold_while: Some(hold.clone()),
-    };
+    let options = BenchOptions { hold_while: Some(hold.clone()), ..first_two(dir.path(), "exact", &out) };
     let bench = std::thread::spawn(move || bench::run(&config, &options).unwrap());
     // Long enough for the engines to load and the tiny pair to decode both problems.
     std::thread::sleep(std::time::Duration::from_secs(8));
