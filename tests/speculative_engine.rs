@@ -392,3 +392,61 @@ fn a_request_finished_in_its_prompt_step_takes_no_further_step() {
         );
     }
 }
+
+/// The draft model under SV (`[sv]` with the draft model drafting): every greedy answer is
+/// plain decoding's, alone and four at a time (each sequence then steps on its own). With
+/// a verify so dear that a draft forward is nothing beside it, and rows free, every step
+/// drafts γ; with each row as dear as a forward no draft pays,
+/// so no step verifies a draft (the draft model is read only to score a first draft, on a
+/// sequence's first step and on a probe every few steps) and each decodes one token.
+#[test]
+fn the_draft_model_under_sv_answers_as_plain_decoding_and_drafts_what_pays() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_pair(dir.path(), &spec(TinyArch::Qwen2, 11), 0.05);
+    let base = config(dir.path(), GAMMA, "exact", MAX_TOKENS);
+    let with_rows = |verify_ms: &str| {
+        let mut config = verdict::Config::from_toml(&format!(
+            "[models]\ntarget = {:?}\ndraft = {:?}\n[speculative]\ngamma = {GAMMA}\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n[sv]\nenabled = true\nlearn_verify_ms = false\nverify_ms = {verify_ms}\n",
+            dir.path().join("target").to_str().unwrap(),
+            dir.path().join("draft").to_str().unwrap(),
+        ))
+        .unwrap();
+        config.sampling = base.sampling.clone();
+        config
+    };
+    let models = LoadedModels::load(&base).unwrap();
+    let prompts: Vec<String> = [&[9, 30, 7, 5, 3][..], &[22, 6, 14, 40, 8, 11, 2, 19, 33], &[4, 17, 50], &[1, 2]]
+        .iter()
+        .map(|ids| words(ids))
+        .collect();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let plain = Engine::plain(&models, 1).await;
+        let plain = common::answer_concurrently(&plain.mistralrs, &prompts, &base.sampling).await;
+        for (rows, free) in [("[[1, 10000.0], [9, 10000.0]]", true), ("[[1, 10.0], [9, 90.0]]", false)] {
+            let config = with_rows(rows);
+            let policy = models.draft_model_policy(&config, &config.eagle_drafting()).unwrap().expect("[sv] is on");
+            let engine = Engine::speculative_under(&models, policy.clone(), GAMMA, JudgeStack::lossless(BaseRule::Exact), 0, Arc::new(Metrics::default()), 4)
+                .await
+                .unwrap();
+            let rule = engine.rule.clone().unwrap();
+            rule.record_steps();
+            let mut alone = Vec::new();
+            for p in &prompts {
+                alone.push(generate(&engine.mistralrs, &Prompt::Text(p.clone()), &config.sampling).await.unwrap().text);
+                engine.settle().await;
+            }
+            let together = common::answer_concurrently(&engine.mistralrs, &prompts, &config.sampling).await;
+            engine.settle().await;
+            assert_eq!(alone, plain, "rows free: {free}: one at a time");
+            assert_eq!(together, plain, "rows free: {free}: four at a time");
+            let steps: Vec<_> = rule.recorded_steps().into_iter().filter(|s| !s.finished).collect();
+            let drafted: usize = steps.iter().map(|s| s.drafted).sum();
+            match free {
+                true => assert!(steps.iter().all(|s| s.drafted == GAMMA), "free rows: every step drafts γ: {steps:?}"),
+                false => assert_eq!(drafted, 0, "dear rows: no draft pays"),
+            }
+            assert!(steps.iter().all(|s| s.target_cache_len == s.seq_len - 1), "{steps:?}");
+            assert_eq!(policy.live_sequences(), 0, "finished sequences are released");
+        }
+    });
+}

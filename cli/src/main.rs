@@ -432,9 +432,15 @@ async fn build_engine(
     if s.enabled {
         let stack = models.configured_stack(config)?;
         match s.proposer {
-            ProposerKind::DraftModel => {
-                Ok((Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await?, None))
-            }
+            ProposerKind::DraftModel => match models.draft_model_policy(config, &config.eagle_drafting())? {
+                Some(policy) => {
+                    let engine =
+                        Engine::speculative_under(models, policy.clone(), s.gamma, stack, s.seed, metrics, &config.server)
+                            .await?;
+                    Ok((engine, Some(policy)))
+                }
+                None => Ok((Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await?, None)),
+            },
             ProposerKind::Eagle => {
                 let proposer = models.eagle_proposer(config)?;
                 let engine =

@@ -28,12 +28,15 @@ use crate::{
     sandbox::SandboxLimits,
 };
 use verdict::{
-    config::{Config, EagleDrafting, COMBINED_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
+    config::{Config, EagleDrafting, COMBINED_MODE_PREFIX, DRAFT_SV_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
-    proposers::eagle_proposer::EagleProposer,
-    sv::{latency::VerifyLatency, policy::VerifyPolicy},
+    proposers::{combined::ChoiceCounts, draft_model::DraftModelProposer, eagle_proposer::EagleProposer},
+    sv::{
+        latency::VerifyLatency,
+        policy::{ScoredProposer, VerifyPolicy},
+    },
 };
 
 /// One way of decoding compared by the bench: `plain` (the target alone), or the name of
@@ -125,9 +128,15 @@ impl Mode {
         self.0.starts_with(NGRAM_MODE_PREFIX)
     }
 
-    /// The judge stack the mode runs (its name without the `eagle…:` or `ngram:` prefix).
+    /// Drafts with the draft model under SV (`draft-sv:<stack>`).
+    pub fn drafts_with_model_under_sv(&self) -> bool {
+        self.0.starts_with(DRAFT_SV_MODE_PREFIX)
+    }
+
+    /// The judge stack the mode runs (its name without the `eagle…:`, `ngram:` or
+    /// `draft-sv:` prefix).
     pub fn stack_name(&self) -> &str {
-        if let Some(stack) = self.0.strip_prefix(NGRAM_MODE_PREFIX) {
+        if let Some(stack) = self.0.strip_prefix(NGRAM_MODE_PREFIX).or_else(|| self.0.strip_prefix(DRAFT_SV_MODE_PREFIX)) {
             return stack;
         }
         self.eagle_parts().map_or(&self.0, |(_, stack)| stack)
@@ -263,6 +272,10 @@ pub struct Run {
     /// Problems decoded together with this one (1: alone).
     #[serde(default = "one")]
     pub batch_size: usize,
+    /// A combined mode's choices during this run (a batch's go with its first run), so that
+    /// a resumed bench reports every run's, not only those of its own process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub combined_choices: Option<ChoiceCounts>,
 }
 
 fn one() -> usize {
@@ -493,6 +506,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     // problem's whole prompt cached by the mode that ran it first.
     let mut combined_proposers = BTreeMap::new();
     let mut eagle_policies: BTreeMap<Mode, Arc<VerifyPolicy<EagleProposer>>> = BTreeMap::new();
+    let mut draft_policies: BTreeMap<Mode, Arc<VerifyPolicy<DraftModelProposer>>> = BTreeMap::new();
     let (plain, speculative) = runtime.block_on(async {
         let plain = Engine::plain(&models, scheduling(options.batch)).await;
         let lossless = || JudgeStack::lossless(s.base_rule);
@@ -517,6 +531,14 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 }
                 None if mode.drafts_by_lookup() => {
                     Engine::with_proposer(&models, models.ngram_proposer(config)?, s.ngram_gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                }
+                None if mode.drafts_with_model_under_sv() => {
+                    let drafting = EagleDrafting { sv: true, ..mode_drafting(config, mode)? };
+                    let Some(policy) = models.draft_model_policy(config, &drafting)? else {
+                        bail!("bench mode {:?}: no SV policy for the draft model", mode.0);
+                    };
+                    draft_policies.insert(mode.clone(), policy.clone());
+                    Engine::speculative_under(&models, policy, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
                 }
                 None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?,
             };
@@ -558,7 +580,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         bar.inc(1);
         Ok(())
     };
-    let new_run = |(index, seed): (usize, usize), mode: &Mode, generation: Generation, counters, batch_size| {
+    let new_run = |(index, seed): (usize, usize), mode: &Mode, generation: Generation, counters, batch_size, combined_choices| {
         let grade = benchmark.grade(index, &generation.text);
         Run {
         problem: index,
@@ -571,8 +593,11 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         seconds: generation.seconds,
         counters,
         batch_size,
+        combined_choices,
     }
     };
+    // A combined mode's choice counts now, to take the run's own from.
+    let choices_of = |mode: &Mode| combined_proposers.get(mode).map(|p| p.proposer().choices());
     if options.batch > 1 {
         let pending: Vec<(usize, usize)> = units
             .iter()
@@ -618,6 +643,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     engine.rule.as_ref().unwrap().set_stack(stack.clone());
                 }
                 let before = metrics.snapshot();
+                let choices_before = choices_of(mode);
                 let verifies_before = mistralrs_core::batched_speculative_verifies();
                 let started = std::time::Instant::now();
                 let generations = runtime.block_on(async {
@@ -650,9 +676,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 }
                 // The group's counters go with its first run (summaries add them up).
                 let mut counters = stack.map(|_| metrics.snapshot().since(&before));
+                let mut choices = choices_of(mode).zip(choices_before).map(|(now, before)| now.since(&before));
                 for (unit, mut generation) in generations {
                     generation.seconds = share;
-                    record(new_run(unit, mode, generation, counters.take(), todo.len()), &mut runs)?;
+                    record(new_run(unit, mode, generation, counters.take(), todo.len(), choices.take()), &mut runs)?;
                 }
             }
         }
@@ -676,6 +703,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             bar.set_message(format!("problem {index} {}", mode.name()));
             // `seed` numbers the sample: each engine's sampler draws afresh for it.
             let prompt = Prompt::Chat(benchmark.prompt(index));
+            let choices_before = choices_of(&mode);
             let (generation, counters) = runtime
                 .block_on(async {
                     match stacks.get(&mode) {
@@ -696,7 +724,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     }
                 })
                 .with_context(|| format!("problem {index} seed {seed}, mode {}", mode.name()))?;
-            record(new_run((index, seed), &mode, generation, counters, 1), &mut runs)?;
+            let choices = choices_of(&mode).zip(choices_before).map(|(now, before)| now.since(&before));
+            record(new_run((index, seed), &mode, generation, counters, 1, choices), &mut runs)?;
         }
     }
     bar.finish_and_clear();
@@ -711,18 +740,36 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .iter()
         .map(|(mode, p)| (mode, p.learned_latency()))
         .chain(combined_proposers.iter().map(|(mode, p)| (mode, p.learned_latency())))
+        .chain(draft_policies.iter().map(|(mode, p)| (mode, p.learned_latency())))
         .filter_map(|(mode, learned)| Some((mode.name(), learned?.current().clone())))
         .collect();
     for (mode, latency) in &learned {
         tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", latency.describe(8));
     }
-    // Which proposal the combined modes' steps took, and what lookup drafts were kept at.
+    // What SV over the draft model priced its drafts by, as this process learned it.
+    let draft_pricing: BTreeMap<String, serde_json::Value> = draft_policies
+        .iter()
+        .map(|(mode, p)| {
+            let draft_ms = p.proposer().draft_ms();
+            let confidences = [0.5f32, 0.7, 0.8, 0.9, 0.95, 0.99];
+            let kept = p.keep_rates().map(|r| r.keep_rates(&confidences));
+            tracing::info!("{}: a draft-model forward {draft_ms:?} ms; kept share at confidences {confidences:?}: {kept:?}", mode.name());
+            (mode.name(), serde_json::json!({"draft_ms": draft_ms, "confidences": confidences, "keep_rates": kept}))
+        })
+        .collect();
+    // Which proposal the combined modes' steps took over every run (resumed ones too), and
+    // what lookup drafts were kept at as this process learned it.
     let combined_choices: BTreeMap<String, serde_json::Value> = combined_proposers
         .iter()
         .map(|(mode, p)| {
-            let p = p.proposer();
-            tracing::info!("{}: steps took {:?}", mode.name(), p.choices());
-            (mode.name(), serde_json::json!({"choices": p.choices(), "lookup_keep_rates": p.keep_rates()}))
+            let (mut choices, mut counted) = (ChoiceCounts::default(), 0);
+            for c in runs.iter().filter(|r| &r.mode == mode).filter_map(|r| r.combined_choices) {
+                choices += c;
+                counted += 1;
+            }
+            tracing::info!("{}: steps took {:?} over {counted} runs", mode.name(), choices);
+            // Runs checkpointed before runs kept their choices count as none.
+            (mode.name(), serde_json::json!({"choices": choices, "runs_counted": counted, "lookup_keep_rates_this_process": p.proposer().keep_rates()}))
         })
         .collect();
     let report = serde_json::json!({
@@ -742,6 +789,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "summary": summaries,
         "learned_verify_ms": learned.iter().map(|(mode, l)| (mode, l.points())).collect::<BTreeMap<_, _>>(),
         "combined_proposers": combined_choices,
+        "draft_model_pricing_this_process": draft_pricing,
         "divergences": divergences,
         "runs": runs,
     });

@@ -153,6 +153,7 @@ mod tests {
                 ..Counters::default()
             }),
             batch_size: 1,
+            combined_choices: None,
         }
     }
 

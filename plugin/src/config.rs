@@ -402,6 +402,10 @@ pub const NGRAM_MODE_PREFIX: &str = "ngram:";
 /// before an EAGLE mode (`ngram+eagle:exact`, `ngram+eagle-sv:exact`).
 pub const COMBINED_MODE_PREFIX: &str = "ngram+";
 
+/// Bench modes that draft with the draft model under SV's verify-length policy start with
+/// this (`draft-sv:exact`); without it a stack's name drafts γ with the draft model.
+pub const DRAFT_SV_MODE_PREFIX: &str = "draft-sv:";
+
 /// Bench modes that draft with the EAGLE head start with this (`eagle:exact`); the rest
 /// names the judge stack.
 pub const EAGLE_MODE_PREFIX: &str = "eagle:";
@@ -583,9 +587,9 @@ impl Config {
         }
     }
 
-    /// Every mode `verdict bench` accepts with this config: each stack with the draft model,
-    /// with `eagle:` before it when an EAGLE head is configured, and with `ngram:` (prompt
-    /// lookup) before it.
+    /// Every mode `verdict bench` accepts with this config: each stack with the draft model
+    /// (alone, and with `draft-sv:` before it), with `eagle:` before it when an EAGLE head is
+    /// configured, and with `ngram:` (prompt lookup) before it.
     pub fn mode_names(&self) -> Vec<String> {
         let stacks: Vec<String> = BUILTIN_MODES
             .iter()
@@ -602,7 +606,8 @@ impl Config {
             false => Vec::new(),
         };
         let ngram: Vec<String> = speculative.iter().map(|s| format!("{NGRAM_MODE_PREFIX}{s}")).collect();
-        stacks.iter().cloned().chain(eagle).chain(ngram).collect()
+        let draft_sv: Vec<String> = speculative.iter().map(|s| format!("{DRAFT_SV_MODE_PREFIX}{s}")).collect();
+        stacks.iter().cloned().chain(eagle).chain(ngram).chain(draft_sv).collect()
     }
 
     /// `[sv]`'s budget with its acceptance table loaded, for `target`: a table fitted for
@@ -696,11 +701,6 @@ impl Config {
                 "speculative.ngram_min = {} and ngram_max = {}: need 1 <= ngram_min <= ngram_max <= 64",
                 s.ngram_min,
                 s.ngram_max
-            );
-        }
-        if self.sv.enabled && s.proposer == ProposerKind::DraftModel {
-            bail!(
-                "sv.enabled = true needs speculative.proposer = \"eagle\", \"ngram\" or \"ngram+eagle\": the draft model drafts inside mistral.rs's pipeline, which SV does not wrap"
             );
         }
         self.sv.verify_budget()?;
@@ -882,11 +882,12 @@ mod tests {
     }
 
     #[test]
-    fn sv_needs_a_proposer_it_wraps_and_a_verify_profile() {
+    fn sv_wraps_every_proposer_and_needs_a_verify_profile() {
         let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
         assert!(Config::from_toml(eagle).unwrap().sv.verify_budget().unwrap().is_none(), "[sv] is off by default");
-        let err = error_of(&format!("{MINIMAL}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\n"));
-        assert!(err.contains("sv.enabled") && err.contains("proposer = \"eagle\"") && err.contains("draft model"), "{err}");
+        let draft_model = Config::from_toml(&format!("{MINIMAL}[sv]\nenabled = true\n")).unwrap();
+        assert_eq!(draft_model.speculative.proposer, ProposerKind::DraftModel);
+        assert!(draft_model.eagle_drafting().sv, "SV wraps the draft model too");
         let lookup = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"ngram\"\n[sv]\nenabled = true\n";
         assert!(Config::from_toml(lookup).unwrap().sv.verify_budget().unwrap().is_some(), "SV wraps prompt lookup too");
         let err = error_of(&format!("{eagle}[sv]\nenabled = true\nlearn_verify_ms = false\n"));

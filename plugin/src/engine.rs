@@ -28,6 +28,7 @@ use crate::{
     models::{cache_dir, resolve, ModelSource},
     proposers::{
         combined::CombinedProposer,
+        draft_model::DraftModelProposer,
         eagle_proposer::{EagleProposer, DEFAULT_PREFIX_CACHE_BYTES},
         ngram::{NgramProposer, NgramSettings},
         timed::TimedProposer,
@@ -201,6 +202,22 @@ impl LoadedModels {
     /// verify-length policy `[sv]` describes.
     pub fn ngram_proposer(&self, config: &Config) -> Result<Arc<VerifyPolicy<NgramProposer>>> {
         self.verify_policy(config, &config.eagle_drafting(), Arc::new(self.lookup(config)?))
+    }
+
+    /// SV over the draft model as `drafting` says: `None` without SV (every step drafts γ).
+    /// Its sequences then step one at a time, each verified alone.
+    pub fn draft_model_policy(&self, config: &Config, drafting: &EagleDrafting) -> Result<Option<Arc<VerifyPolicy<DraftModelProposer>>>> {
+        if !drafting.sv {
+            return Ok(None);
+        }
+        let Some(draft) = &self.draft_fingerprint else {
+            bail!("SV over the draft model needs models.draft loaded");
+        };
+        // A draft model's confidence is its own, not fitted to the target's choices as a
+        // head's is: unless the config says, SV learns what each confidence is kept at.
+        let learn_keep_rates = config.sv.learn_keep_rates.unwrap_or(config.sv.table.is_none());
+        let drafting = EagleDrafting { learn_keep_rates, ..*drafting };
+        self.verify_policy(config, &drafting, Arc::new(DraftModelProposer::new(draft.vocab_size))).map(Some)
     }
 
     fn lookup(&self, config: &Config) -> Result<NgramProposer> {
@@ -410,11 +427,41 @@ impl Engine {
         metrics: Arc<Metrics>,
         scheduling: impl Into<Scheduling>,
     ) -> Result<Self> {
+        Self::with_draft_model(models, gamma, stack, seed, metrics, scheduling.into(), None).await
+    }
+
+    /// [`Self::speculative`] with `policy` (SV over the draft model) deciding how many of the
+    /// γ drafts each step draws: see [`LoadedModels::draft_model_policy`].
+    pub async fn speculative_under(
+        models: &LoadedModels,
+        policy: Arc<dyn Proposer>,
+        gamma: usize,
+        stack: JudgeStack,
+        seed: u64,
+        metrics: Arc<Metrics>,
+        scheduling: impl Into<Scheduling>,
+    ) -> Result<Self> {
+        Self::with_draft_model(models, gamma, stack, seed, metrics, scheduling.into(), Some(policy)).await
+    }
+
+    async fn with_draft_model(
+        models: &LoadedModels,
+        gamma: usize,
+        stack: JudgeStack,
+        seed: u64,
+        metrics: Arc<Metrics>,
+        scheduling: Scheduling,
+        policy: Option<Arc<dyn Proposer>>,
+    ) -> Result<Self> {
         let Some((draft, _)) = &models.draft else {
             bail!("speculative decoding needs models.draft");
         };
-        Self::over_speculative(scheduling.into(), stack, seed, metrics, |accept_rule| {
-            SpeculativePipeline::new(models.target.clone(), draft.clone(), SpeculativeConfig { gamma, accept_rule })
+        Self::over_speculative(scheduling, stack, seed, metrics, |accept_rule| {
+            let pipeline = SpeculativePipeline::new(models.target.clone(), draft.clone(), SpeculativeConfig { gamma, accept_rule })?;
+            match policy {
+                Some(policy) => pipeline.with_draft_policy(policy),
+                None => Ok(pipeline),
+            }
         })
         .await
     }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{Result, Tensor};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     eagle_proposer::EagleProposer,
@@ -53,13 +53,34 @@ fn best_count(gains: &[f64], latency: &VerifyLatency) -> (usize, f64) {
 }
 
 /// Counts of the choices made (for reports and tests).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChoiceCounts {
     pub lookup: u64,
     pub head: u64,
     pub nothing: u64,
     /// Steps where the lookup's proposal made asking the head pointless.
     pub head_skipped: u64,
+}
+
+impl ChoiceCounts {
+    /// The choices made since `before` was read.
+    pub fn since(&self, before: &ChoiceCounts) -> ChoiceCounts {
+        ChoiceCounts {
+            lookup: self.lookup.saturating_sub(before.lookup),
+            head: self.head.saturating_sub(before.head),
+            nothing: self.nothing.saturating_sub(before.nothing),
+            head_skipped: self.head_skipped.saturating_sub(before.head_skipped),
+        }
+    }
+}
+
+impl std::ops::AddAssign for ChoiceCounts {
+    fn add_assign(&mut self, other: ChoiceCounts) {
+        self.lookup += other.lookup;
+        self.head += other.head;
+        self.nothing += other.nothing;
+        self.head_skipped += other.head_skipped;
+    }
 }
 
 pub struct CombinedProposer {
@@ -112,7 +133,7 @@ impl Proposer for CombinedProposer {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample }])?;
+        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
         Ok(drafted.pop().expect("one request, one answer"))
     }
 
@@ -158,7 +179,7 @@ impl ScoredProposer for CombinedProposer {
             .iter_mut()
             .zip(&asks_head)
             .filter(|(_, asks)| **asks)
-            .map(|(r, _)| DraftRequest { seq_id: r.seq_id, gamma: head_gamma.min(r.gamma), sample: &mut *r.sample })
+            .map(|(r, _)| DraftRequest { seq_id: r.seq_id, gamma: head_gamma.min(r.gamma), sample: &mut *r.sample, rows: None })
             .collect();
         let mut head_out = match head_requests.is_empty() {
             true => Vec::new(),

@@ -337,7 +337,7 @@ impl Proposer for EagleProposer {
         gamma: usize,
         sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
     ) -> candle_core::Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample }])?;
+        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
         Ok(drafted.pop().expect("one request, one answer"))
     }
 
@@ -483,7 +483,7 @@ mod tests {
                         .iter_mut()
                         .zip([1, 3, 4])
                         .enumerate()
-                        .map(|(i, (sample, gamma))| DraftRequest { seq_id: i + 1, gamma, sample })
+                        .map(|(i, (sample, gamma))| DraftRequest { seq_id: i + 1, gamma, sample, rows: None })
                         .collect();
                     p.propose_batch(&mut requests).unwrap()
                 })
@@ -515,7 +515,7 @@ mod tests {
         // A sequence asked for twice in one batch, or one never seen, is refused by name.
         let mut samplers = [greedy, greedy];
         let mut requests: Vec<DraftRequest<'_>> =
-            samplers.iter_mut().map(|sample| DraftRequest { seq_id: 9, gamma: 2, sample }).collect();
+            samplers.iter_mut().map(|sample| DraftRequest { seq_id: 9, gamma: 2, sample, rows: None }).collect();
         let err = together.propose_batch(&mut requests).unwrap_err().to_string();
         assert!(err.contains("sequence 9"), "{err}");
     }

@@ -1,8 +1,9 @@
-//! Proposers: what drafts the tokens the target verifies. The draft model's chain lives in
-//! the patched pipeline; EAGLE heads draft from the target's own hidden states here, and
-//! prompt lookup from the text so far.
+//! Proposers: what drafts the tokens the target verifies. The draft model's forwards live in
+//! the patched pipeline (under SV, [`draft_model`] decides how many it draws); EAGLE heads
+//! draft from the target's own hidden states here, and prompt lookup from the text so far.
 
 pub mod combined;
+pub mod draft_model;
 pub mod eagle;
 pub mod embeddings;
 pub mod eagle_proposer;

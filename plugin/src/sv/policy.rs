@@ -91,6 +91,13 @@ pub trait ScoredProposer: Proposer {
     /// The target verifies only the first `verified` drafts of `seq_id`'s last proposal
     /// (a proposer learning from its drafts' fates must not count the others refused).
     fn verifies(&self, _seq_id: usize, _verified: usize) {}
+
+    /// What making one draft costs, in milliseconds, where it is dear enough to price
+    /// apart from the verify (a draft model's forward). `None`: drafting is nearly free,
+    /// and the policy's learned T_v takes it in with the verify.
+    fn draft_ms(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// [`Proposer::propose_batch`] of a scored proposer drafting without a policy.
@@ -148,7 +155,8 @@ pub struct VerifyPolicy<P: ScoredProposer> {
     last_verified: Mutex<Option<usize>>,
     /// Each verified draft's score and fate, while recording (`train-head sv-profile`).
     outcomes: Mutex<Option<Vec<DraftOutcome>>>,
-    /// The sequences of the step being drafted and verified, and when its drafting began.
+    /// The sequences of the step being drafted and verified, and when its timing began: its
+    /// drafting, or its verify where the proposer prices its drafts itself (`draft_ms`).
     step_in_flight: Mutex<Option<(Vec<usize>, Instant)>>,
 }
 
@@ -259,7 +267,8 @@ impl<P: ScoredProposer> VerifyPolicy<P> {
 
     /// The rows of the step in flight, now that its verify is observed, and when its
     /// drafting began: a sample of T_v once the proposer has taken those rows in. A prompt
-    /// step, or one whose sequences changed (one finished), gives no sample.
+    /// step (a forward that fed more rows than its verify's), or one whose sequences
+    /// changed (one finished), gives no sample.
     fn step_in_flight_rows(&self, features: &[TargetFeatures<'_>]) -> Option<(usize, Instant)> {
         self.learned_latency.as_ref()?;
         let (ids, started) = lock(&self.step_in_flight).take()?;
@@ -268,6 +277,9 @@ impl<P: ScoredProposer> VerifyPolicy<P> {
         }
         let sequences = lock(&self.sequences);
         let widths: Vec<usize> = ids.iter().map(|id| sequences.get(id).map(|s| s.verified + 1)).collect::<Option<_>>()?;
+        if features.iter().zip(&widths).any(|(f, &w)| f.next_tokens.len() > w) {
+            return None;
+        }
         let rows = match self.proposer.packs_verify_rows() {
             true => widths.iter().sum(),
             false => widths.len() * widths.iter().copied().max().unwrap_or(1),
@@ -330,7 +342,7 @@ fn draft_fates(state: &SequenceState, tokens: &[u32]) -> Vec<DraftOutcome> {
 struct StepPricing<'a, P: ScoredProposer> {
     policy: &'a VerifyPolicy<P>,
     budget: Option<Cow<'a, VerifyBudget>>,
-    /// The sequence is the only one live: it is verified alone.
+    /// The call drafts for one sequence: its verify holds its rows alone.
     alone: bool,
 }
 
@@ -343,7 +355,9 @@ impl<P: ScoredProposer> DraftPricing for StepPricing<'_, P> {
     }
     fn worth_drafting(&self, _request: usize, scores: &[f32]) -> bool {
         match (&self.budget, self.alone) {
-            (Some(budget), true) => budget.one_more_pays_alone(&self.policy.priced(scores)),
+            (Some(budget), true) => {
+                budget.one_more_pays_alone_at(&self.policy.priced(scores), self.policy.proposer.draft_ms().unwrap_or(0.0))
+            }
             _ => true,
         }
     }
@@ -369,23 +383,29 @@ impl<P: ScoredProposer> Proposer for VerifyPolicy<P> {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample }])?;
+        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
         Ok(drafted.pop().expect("one request, one answer"))
     }
 
-    /// With a budget among other live sequences, each drafts at most one more than the
-    /// last batched verify took (so the width grows back when drafts get likelier); alone,
-    /// while one more draft pays for its row.
+    /// With a budget, sequences drafting for one batched verify each draft at most one more
+    /// than the last batched verify took (so the width grows back when drafts get
+    /// likelier); a sequence drafting for a verify of its own, while one more draft pays
+    /// for its row (the pipeline steps a batch one sequence at a time where it cannot
+    /// verify them together, as with a draft model under SV).
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {
-        if self.learned_latency.is_some() {
+        let priced_apart = self.proposer.draft_ms().is_some();
+        if self.learned_latency.is_some() && !priced_apart {
             *lock(&self.step_in_flight) = Some((requests.iter().map(|r| r.seq_id).collect(), Instant::now()));
         }
-        let live = self.live_sequences();
-        if let (Some(_), 2.., Some(last)) = (&self.budget, live, *lock(&self.last_verified)) {
+        let alone = requests.len() == 1;
+        if let (Some(_), false, Some(last)) = (&self.budget, alone, *lock(&self.last_verified)) {
             requests.iter_mut().for_each(|r| r.gamma = r.gamma.min(last + 1));
         }
-        let pricing = StepPricing { policy: self, budget: self.budget(), alone: live == 1 };
+        let pricing = StepPricing { policy: self, budget: self.budget(), alone };
         let drafted = self.proposer.propose_scored(requests, &pricing)?;
+        if self.learned_latency.is_some() && priced_apart {
+            *lock(&self.step_in_flight) = Some((requests.iter().map(|r| r.seq_id).collect(), Instant::now()));
+        }
         if drafted.len() != requests.len() {
             candle_core::bail!("the proposer answered {} of {} draft requests", drafted.len(), requests.len());
         }
@@ -500,6 +520,17 @@ mod tests {
         p.propose(seq_id, 3, &mut |row| row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>()).unwrap().0
     }
 
+    /// How many drafts each of `seq_ids` drafts when they draft in one call, for one verify.
+    fn greedy_drafts_together(p: &dyn Proposer, seq_ids: &[usize]) -> Vec<usize> {
+        let mut samplers: Vec<_> = seq_ids.iter().map(|_| |row: &Tensor| row.argmax(candle_core::D::Minus1)?.to_scalar::<u32>()).collect();
+        let mut requests: Vec<DraftRequest<'_>> = seq_ids
+            .iter()
+            .zip(samplers.iter_mut())
+            .map(|(&seq_id, sample)| DraftRequest { seq_id, gamma: 3, sample, rows: None })
+            .collect();
+        p.propose_batch(&mut requests).unwrap().iter().map(|(tokens, _)| tokens.len()).collect()
+    }
+
     fn features(rows: usize) -> Tensor {
         Tensor::randn(0f32, 1.0, (rows, 3 * HIDDEN), &Device::Cpu).unwrap()
     }
@@ -517,12 +548,12 @@ mod tests {
         observe(&q, 1, &[1, 2, 3, 4, 5], 0, &features);
         assert_eq!(greedy_drafts(&q, 1).len(), 3);
         observe(&p, 2, &[1, 2, 3, 4, 6], 0, &features);
-        assert_eq!(greedy_drafts(&p, 1).len(), 3, "no batched verify has happened yet");
-        assert_eq!(greedy_drafts(&p, 2).len(), 3);
+        assert_eq!(greedy_drafts_together(&p, &[1, 2]), vec![3, 3], "no batched verify has happened yet");
         assert_eq!(p.verify_lengths(&[1, 2], &[3, 3]), vec![0, 0]);
         // Together, after a verify that took none: one draft each, to see whether it pays.
-        assert_eq!(greedy_drafts(&p, 1).len(), 1);
-        assert_eq!(greedy_drafts(&p, 2).len(), 1);
+        assert_eq!(greedy_drafts_together(&p, &[1, 2]), vec![1, 1]);
+        // A sequence drafting for a verify of its own, while others live, drafts what pays.
+        assert_eq!(greedy_drafts(&p, 1).len(), 0);
         // Without a budget every draft is verified and γ drafted.
         let plain = policy(PolicySettings::default());
         observe(&plain, 1, &[1, 2, 3, 4, 5], 0, &features);
@@ -568,6 +599,12 @@ mod tests {
         tokens.push(5);
         observe(&q, 1, &tokens, 6, &features);
         assert_eq!(q.learned_latency().unwrap().row_counts_seen(), vec![4]);
+        // Nor does a forward that fed more rows than the verify's (a draft model's prompt step).
+        let samples = q.learned_latency().unwrap().samples();
+        greedy_drafts(&q, 1);
+        tokens.push(6);
+        observe(&q, 1, &tokens, 0, &features);
+        assert_eq!(q.learned_latency().unwrap().samples(), samples);
         // Kept across runs: saved when the policy goes, with the earlier runs' samples.
         let dir = tempfile::tempdir().unwrap();
         let store = LatencyStore::on_machine(dir.path().join("tv.json"), crate::sv::latency_store::tests::target(HIDDEN), "m".into());

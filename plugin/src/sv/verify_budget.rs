@@ -68,13 +68,21 @@ impl VerifyBudget {
     /// step's goodput. Drafting stops at the first draft that does not (SV's early stop):
     /// known before the draft is drawn, so sampling stays exact.
     pub fn one_more_pays_alone(&self, confidences: &[f32]) -> bool {
+        self.one_more_pays_alone_at(confidences, 0.0)
+    }
+
+    /// [`Self::one_more_pays_alone`] when each draft also costs `draft_ms` to make (a draft
+    /// model's forward), besides its verify row.
+    pub fn one_more_pays_alone_at(&self, confidences: &[f32], draft_ms: f64) -> bool {
         let drafts = confidences.len();
         if drafts <= self.options.min_gamma {
             return true;
         }
         let gains = chain_gains(&[confidences.to_vec()], self.table.as_ref()).remove(0);
         let bonus = if self.options.count_bonus { 1.0 } else { 0.0 };
-        let goodput = |n: usize| (bonus + gains[..n].iter().sum::<f64>()) / (self.options.fixed_ms + self.latency.at(n + 1));
+        let goodput = |n: usize| {
+            (bonus + gains[..n].iter().sum::<f64>()) / (self.options.fixed_ms + n as f64 * draft_ms + self.latency.at(n + 1))
+        };
         goodput(drafts) > goodput(drafts - 1)
     }
 }
@@ -133,19 +141,22 @@ mod tests {
 
     #[test]
     fn alone_a_draft_pays_when_its_expected_token_costs_less_than_its_row() {
-        // T_v 50 + 10 a row: one draft at β 0.5 gives 1.5 / 70 > 1 / 60; at 0.1, 1.1 / 70 < 1 / 60.
+        // T_v 50 ms for one row, 10 more a row: one draft at β 0.5 gives 1.5 / 60 > 1 / 50; at 0.1, 1.1 / 60 < 1 / 50.
         let steep = budget(VerifyLatency::linear(50.0, 10.0));
         assert!(steep.one_more_pays_alone(&[0.5]));
         assert!(!steep.one_more_pays_alone(&[0.1]));
-        // A second draft at 0.9 after one at 0.5 adds 0.45: 1.95 / 80 > 1.5 / 70.
+        // A second draft at 0.9 after one at 0.5 adds 0.45: 1.95 / 70 > 1.5 / 60.
         assert!(steep.one_more_pays_alone(&[0.5, 0.9]));
-        // After one at 0.2 it adds 0.18: 1.38 / 80 < 1.2 / 70.
+        // After one at 0.2 it adds 0.18: 1.38 / 70 < 1.2 / 60.
         assert!(!steep.one_more_pays_alone(&[0.2, 0.9]));
         // A verify as cheap alone as here (49.1 ms for 1 row, 53.9 for 5) takes unlikely drafts.
         assert!(budget(measured()).one_more_pays_alone(&[0.9, 0.8, 0.1]));
         // min_gamma drafts are always made; a table prices by the fitted β.
         let at_least_one = VerifyBudget { options: GoodputOptions { min_gamma: 1, ..GoodputOptions::default() }, ..steep.clone() };
         assert!(at_least_one.one_more_pays_alone(&[0.0]));
+        // A draft that costs 30 ms to make: at β 0.5, 1.5 / 90 < 1 / 50; at 0.99, 1.99 / 90 > 1 / 50.
+        assert!(!steep.one_more_pays_alone_at(&[0.5], 30.0));
+        assert!(steep.one_more_pays_alone_at(&[0.99], 30.0));
     }
 
     #[test]
