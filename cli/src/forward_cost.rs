@@ -75,7 +75,7 @@ fn problems_prompt<'a>(problems: impl IntoIterator<Item = &'a str>) -> String {
 
 /// [`PROMPT`] after `context_problems` other problems (cycled), so decoding and verifying run
 /// at a longer context; [`PROMPT`] alone for 0.
-fn measured_prompt(context_problems: usize) -> String {
+pub fn measured_prompt(context_problems: usize) -> String {
     if context_problems == 0 {
         return PROMPT.to_string();
     }

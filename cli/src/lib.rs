@@ -10,6 +10,7 @@ pub mod head_cost;
 pub mod matmul_cost;
 pub mod memory_bandwidth;
 pub mod model_fetch;
+pub mod op_profile;
 pub mod openai_conventions;
 pub mod plot;
 pub mod plot_load;

@@ -18,6 +18,7 @@ use verdict_cli::{
     forward_cost,
     matmul_cost,
     memory_bandwidth,
+    op_profile,
     server,
     subset::Subset,
 };
@@ -183,6 +184,24 @@ enum Command {
         matmul_repeats: usize,
         /// Other problems before the measured one in the decode and verify prompt, ≈ 60
         /// tokens each (0: it alone, ≈ 60 tokens of context; 10 is ≈ a GSM8K few-shot prompt).
+        #[arg(long, default_value_t = 0)]
+        context_problems: usize,
+        /// JSON report.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Where one decode step of the target goes, op by op (the patched GGUF Qwen2 forward's
+    /// timers): each matmul against the weights it reads and this machine's streaming rate,
+    /// and what the engine spends outside the forward's ops.
+    OpProfile {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Decode steps per request.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Other problems before the measured one, ≈ 60 tokens each (as `forward-cost`'s).
         #[arg(long, default_value_t = 0)]
         context_problems: usize,
         /// JSON report.
@@ -386,6 +405,15 @@ fn main() -> Result<()> {
             matmul_repeats,
             out,
         ),
+        Command::OpProfile { config, max_tokens, repeats, context_problems, out } => {
+            let profile = op_profile::measure(&Config::load(&config)?, max_tokens, repeats, context_problems)?;
+            println!("{}", op_profile::table(&profile));
+            if let Some(out) = out {
+                op_profile::write(&profile, &out)?;
+                eprintln!("report written to {}", out.display());
+            }
+            Ok(())
+        }
         Command::HeadCost {
             config,
             formats,

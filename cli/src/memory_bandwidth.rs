@@ -3,7 +3,12 @@
 //! reads every matmul weight once, so its time is bounded below by bytes ÷ bandwidth; the
 //! ratio of the two says how close the forward is to that bound.
 
-use std::{fs::File, path::Path, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    path::Path,
+    time::Instant,
+};
 
 use anyhow::{Context, Result};
 use candle_core::quantized::{gguf_file, GgmlDType};
@@ -60,6 +65,28 @@ pub fn weights_read_per_token(path: &Path) -> Result<u64> {
         .filter(|(name, info)| info.shape.dims().len() == 2 && !(separate_output && name.as_str() == "token_embd.weight"))
         .map(|(_, info)| tensor_bytes(info.ggml_dtype, info.shape.elem_count()))
         .sum())
+}
+
+/// Per matmul role of a decode step (`attn_q`, `ffn_down`, `output`, …: the GGUF tensor
+/// name without `blk.N.` and `.weight`), the bytes one token's forward reads over all
+/// layers and the quant types stored. A model without its own output matrix reads the
+/// token embedding as its LM head.
+pub fn weights_by_role(path: &Path) -> Result<BTreeMap<String, (u64, BTreeSet<String>)>> {
+    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let content = gguf_file::Content::read(&mut file).with_context(|| format!("reading GGUF header of {}", path.display()))?;
+    let separate_output = content.tensor_infos.contains_key("output.weight");
+    let mut roles: BTreeMap<String, (u64, BTreeSet<String>)> = BTreeMap::new();
+    for (name, info) in content.tensor_infos.iter().filter(|(_, info)| info.shape.dims().len() == 2) {
+        let role = match name.as_str() {
+            "token_embd.weight" if separate_output => continue,
+            "token_embd.weight" => "output".to_string(),
+            other => other.strip_suffix(".weight").unwrap_or(other).split('.').next_back().unwrap_or(other).to_string(),
+        };
+        let entry = roles.entry(role).or_default();
+        entry.0 += tensor_bytes(info.ggml_dtype, info.shape.elem_count());
+        entry.1.insert(format!("{:?}", info.ggml_dtype));
+    }
+    Ok(roles)
 }
 
 /// Bytes of `elements` values stored as `dtype` (whole blocks).

@@ -1220,6 +1220,26 @@ mod tests {
         }
         // Without the colon it is a stack's name, not an EAGLE mode.
         assert!(!mode("eagle-q4k").drafts_with_eagle());
+        // The draft model under SV names its stack after the prefix.
+        let draft_sv = mode("draft-sv:rejection");
+        assert!(draft_sv.drafts_with_model_under_sv() && !draft_sv.drafts_with_eagle() && !draft_sv.drafts_by_lookup());
+        assert_eq!(draft_sv.stack_name(), "rejection");
+        assert!(draft_sv.is_lossless());
+    }
+
+    /// A checkpoint line written before runs kept a combined mode's choices still loads;
+    /// a run with them writes and reads them back.
+    #[test]
+    fn runs_keep_their_combined_choices_and_older_lines_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.jsonl");
+        let old = r#"{"problem":3,"seed":0,"mode":"ngram+eagle:exact","correct":true,"answer":"1","text":"t","completion_tokens":5,"seconds":1.0,"counters":null,"batch_size":1}"#;
+        let mut run: Run = serde_json::from_str(old).unwrap();
+        assert_eq!(run.combined_choices, None);
+        run.combined_choices = Some(ChoiceCounts { lookup: 2, head: 5, nothing: 1, head_skipped: 0 });
+        fs::write(&path, format!("{old}\n{}\n", serde_json::to_string(&run).unwrap())).unwrap();
+        let loaded = load_checkpoint(&path).unwrap();
+        assert_eq!(loaded.iter().map(|r| r.combined_choices).collect::<Vec<_>>(), vec![None, run.combined_choices]);
     }
 
     /// With SV, a mode over a lossy stack learns keep rates unless the mode or `[sv]` says
