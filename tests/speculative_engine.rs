@@ -147,6 +147,11 @@ fn kv_caches_hold_every_committed_token_but_the_last() {
     );
 }
 
+/// Four prompts of different lengths, decoded together in the batched tests.
+fn four_prompts_of_different_lengths() -> Vec<String> {
+    [&[9, 30, 7, 5, 3][..], &[22, 6, 14, 40, 8, 11, 2, 19, 33], &[4, 17, 50], &[1, 2]].iter().map(|ids| words(ids)).collect()
+}
+
 /// Sequences decoded together by a draft-model engine draft in one draft forward per draft
 /// position and are verified in one target forward per step: rows of different KV lengths
 /// (the first draft forward feeds one token to some rows and two to those that kept every
@@ -161,10 +166,7 @@ fn batched_draft_model_steps_answer_each_sequence_as_plain_decoding() {
         tiny_pair(dir.path(), &spec(arch, 11), 0.05);
         let config = config(dir.path(), GAMMA, "exact", MAX_TOKENS);
         let models = LoadedModels::load(&config).unwrap();
-        let prompts: Vec<String> = [&[9, 30, 7, 5, 3][..], &[22, 6, 14, 40, 8, 11, 2, 19, 33], &[4, 17, 50], &[1, 2]]
-            .iter()
-            .map(|ids| words(ids))
-            .collect();
+        let prompts = four_prompts_of_different_lengths();
         tokio::runtime::Runtime::new().unwrap().block_on(async {
             // The reference decodes one sequence at a time.
             let plain = Engine::plain(&models, 1).await;
@@ -415,10 +417,7 @@ fn the_draft_model_under_sv_answers_as_plain_decoding_and_drafts_what_pays() {
         config
     };
     let models = LoadedModels::load(&base).unwrap();
-    let prompts: Vec<String> = [&[9, 30, 7, 5, 3][..], &[22, 6, 14, 40, 8, 11, 2, 19, 33], &[4, 17, 50], &[1, 2]]
-        .iter()
-        .map(|ids| words(ids))
-        .collect();
+    let prompts = four_prompts_of_different_lengths();
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let plain = Engine::plain(&models, 1).await;
         let plain = common::answer_concurrently(&plain.mistralrs, &prompts, &base.sampling).await;

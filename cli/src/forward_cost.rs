@@ -73,8 +73,8 @@ fn problems_prompt<'a>(problems: impl IntoIterator<Item = &'a str>) -> String {
     format!("Here are some problems. Solve only the last one.\n\n{}", problems.join("\n\n"))
 }
 
-/// [`PROMPT`] after `context_problems` other problems (cycled), so decoding and verifying run
-/// at a longer context; [`PROMPT`] alone for 0.
+/// `PROMPT` after `context_problems` other problems (cycled), so decoding and verifying run
+/// at a longer context; `PROMPT` alone for 0.
 pub fn measured_prompt(context_problems: usize) -> String {
     if context_problems == 0 {
         return PROMPT.to_string();

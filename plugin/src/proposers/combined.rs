@@ -27,7 +27,7 @@ use super::{
 };
 use crate::sv::{
     latency::VerifyLatency,
-    policy::{propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
+    policy::{propose_alone, propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
 };
 
 /// A step's expected tokens per ms with the first `k` of drafts whose chained keep
@@ -133,8 +133,7 @@ impl Proposer for CombinedProposer {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
-        Ok(drafted.pop().expect("one request, one answer"))
+        propose_alone(self, seq_id, gamma, sample)
     }
 
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {

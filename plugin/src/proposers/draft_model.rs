@@ -17,7 +17,7 @@ use std::{collections::HashMap, sync::Mutex, time::Instant};
 use candle_core::{DType, Device, Result, Tensor, D};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 
-use crate::sv::policy::{propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
+use crate::sv::policy::{propose_alone, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
 
 /// After this many steps in a row without drafting, a sequence drafts again to see whether
 /// its drafts pay now.
@@ -140,8 +140,7 @@ impl Proposer for DraftModelProposer {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
-        Ok(drafted.pop().expect("one request, one answer"))
+        propose_alone(self, seq_id, gamma, sample)
     }
 
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {

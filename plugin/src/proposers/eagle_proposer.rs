@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     models::ModelSource,
-    sv::policy::{propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
+    sv::policy::{propose_alone, propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
 };
 
 pub struct EagleProposer {
@@ -337,8 +337,7 @@ impl Proposer for EagleProposer {
         gamma: usize,
         sample: &mut dyn FnMut(&Tensor) -> candle_core::Result<u32>,
     ) -> candle_core::Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
-        Ok(drafted.pop().expect("one request, one answer"))
+        propose_alone(self, seq_id, gamma, sample)
     }
 
     /// Every sequence drafts in one head forward per draft position.

@@ -18,7 +18,7 @@ use candle_core::{Device, Result, Tensor};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 use serde::Serialize;
 
-use crate::sv::policy::{kept_drafts, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
+use crate::sv::policy::{kept_drafts, propose_alone, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
 
 /// The logit of every token but the drafted one: exp() of it is 0 in f32 at any temperature
 /// a sampler divides by, and it stays finite so divergences never meet inf − inf.
@@ -295,8 +295,7 @@ impl Proposer for NgramProposer {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
-        Ok(drafted.pop().expect("one request, one answer"))
+        propose_alone(self, seq_id, gamma, sample)
     }
 
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {

@@ -100,6 +100,17 @@ pub trait ScoredProposer: Proposer {
     }
 }
 
+/// [`Proposer::propose`] as a batch of one request (a proposer drafting its batches itself).
+pub fn propose_alone(
+    proposer: &dyn Proposer,
+    seq_id: usize,
+    gamma: usize,
+    sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
+) -> Result<(Vec<u32>, Tensor)> {
+    let mut drafted = proposer.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
+    Ok(drafted.pop().expect("one request, one answer"))
+}
+
 /// [`Proposer::propose_batch`] of a scored proposer drafting without a policy.
 pub fn propose_unpriced(proposer: &dyn ScoredProposer, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {
     Ok(proposer.propose_scored(requests, &DraftEverything)?.into_iter().map(|d| (d.tokens, d.logits)).collect())
@@ -383,8 +394,7 @@ impl<P: ScoredProposer> Proposer for VerifyPolicy<P> {
     }
 
     fn propose(&self, seq_id: usize, gamma: usize, sample: &mut dyn FnMut(&Tensor) -> Result<u32>) -> Result<(Vec<u32>, Tensor)> {
-        let mut drafted = self.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
-        Ok(drafted.pop().expect("one request, one answer"))
+        propose_alone(self, seq_id, gamma, sample)
     }
 
     /// With a budget, sequences drafting for one batched verify each draft at most one more
