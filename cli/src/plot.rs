@@ -15,6 +15,32 @@ use crate::paired::PairedStats;
 struct Report {
     problems: usize,
     summary: Vec<Row>,
+    /// The task (`gsm8k`, `humaneval`, …); reports from before the task suite have none.
+    #[serde(default)]
+    dataset: Option<String>,
+    #[serde(default)]
+    sampling: Option<Sampling>,
+}
+
+#[derive(Deserialize)]
+struct Sampling {
+    temperature: f64,
+}
+
+/// The figure's title unless one is given: the report's task, and its temperature when it
+/// sampled.
+fn default_title(report: &Report) -> String {
+    let task = match report.dataset.as_deref().unwrap_or("gsm8k") {
+        "gsm8k" => "GSM8K",
+        "humaneval" => "HumanEval",
+        "mbpp" => "MBPP",
+        "math500" => "MATH-500",
+        other => other,
+    };
+    match report.sampling.as_ref().map(|s| s.temperature).filter(|&t| t > 0.0) {
+        Some(t) => format!("{task} at temperature {t}: accuracy cost against speed"),
+        None => format!("{task}: accuracy cost against speed"),
+    }
 }
 
 #[derive(Deserialize)]
@@ -67,7 +93,8 @@ pub fn figure(report: &Path, out: &Path, title: Option<&str>) -> Result<Vec<Path
     if value.get("summary").is_some() {
         let report: Report = serde_json::from_value(value)
             .with_context(|| format!("{} is not a verdict bench report", report.display()))?;
-        return tradeoff(&report, out, title.unwrap_or("GSM8K: accuracy cost against speed"));
+        let title = title.map_or_else(|| default_title(&report), str::to_string);
+        return tradeoff(&report, out, &title);
     }
     let load: crate::plot_load::LoadReport = serde_json::from_value(value).with_context(|| {
         format!("{} is neither a verdict bench report nor a load report", report.display())
@@ -154,18 +181,20 @@ where
             dashed,
         ))?;
     }
-    for p in points {
+    // Labels alternate above and below their points, in the order of x, so neighbours
+    // do not overwrite each other.
+    let mut order: Vec<&Point> = points.iter().collect();
+    order.sort_by(|a, b| x(a).total_cmp(&x(b)));
+    for (i, p) in order.into_iter().enumerate() {
         let px = x(p);
         chart.draw_series([PathElement::new(
             [(px, p.interval.0), (px, p.interval.1)],
             BLUE.mix(0.6).stroke_width(2),
         )])?;
         chart.draw_series([Circle::new((px, p.difference), 5, BLUE.filled())])?;
-        chart.draw_series([Text::new(
-            format!(" {}", p.mode),
-            (px, p.difference),
-            ("sans-serif", 13).into_font(),
-        )])?;
+        let dy = if i % 2 == 0 { -18 } else { 6 };
+        chart.draw_series([EmptyElement::at((px, p.difference))
+            + Text::new(format!(" {}", p.mode), (2, dy), ("sans-serif", 13).into_font())])?;
     }
     Ok(())
 }
@@ -212,10 +241,16 @@ mod tests {
             ]
         }))
         .unwrap();
+        assert_eq!(default_title(&report), "GSM8K: accuracy cost against speed", "a report from before the task suite");
         let points = points(&report);
         assert_eq!(points.len(), 1);
         assert_eq!(points[0].mode, "exact");
         assert!((points[0].difference + 4.0).abs() < 1e-9);
         assert!((points[0].interval.0 + 10.0).abs() < 1e-9);
+        let sampled: Report = serde_json::from_value(serde_json::json!({
+            "problems": 30, "summary": [], "dataset": "humaneval", "sampling": {"temperature": 0.7, "top_p": 0.95}
+        }))
+        .unwrap();
+        assert_eq!(default_title(&sampled), "HumanEval at temperature 0.7: accuracy cost against speed");
     }
 }
