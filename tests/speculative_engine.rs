@@ -421,7 +421,7 @@ fn the_draft_model_under_sv_answers_as_plain_decoding_and_drafts_what_pays() {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let plain = Engine::plain(&models, 1).await;
         let plain = common::answer_concurrently(&plain.mistralrs, &prompts, &base.sampling).await;
-        for (rows, free) in [("[[1, 10000.0], [9, 10000.0]]", true), ("[[1, 10.0], [9, 90.0]]", false)] {
+        for (rows, free) in [("[[1, 1000000.0], [9, 1000000.0]]", true), ("[[1, 10.0], [9, 90.0]]", false)] {
             let config = with_rows(rows);
             let policy = models.draft_model_policy(&config, &config.eagle_drafting()).unwrap().expect("[sv] is on");
             let engine = Engine::speculative_under(&models, policy.clone(), GAMMA, JudgeStack::lossless(BaseRule::Exact), 0, Arc::new(Metrics::default()), 4)
