@@ -5,12 +5,13 @@
 #   1. the general EAGLE head (issue 50): `train-head eagle` on the prompt mixture (prompts,
 #      responses, features, training: every stage resumes);
 #   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports);
-#   3. labels for a judge of EAGLE drafts (issue 53): GSM8K train problems, then the
-#      mixture's MATH prompts, mined with the general head's first drafts.
+#   3. labels for a judge of EAGLE drafts (issue 53): GSM8K train problems, MBPP's tasks
+#      after the evaluated ones (pass/fail on their asserts), then the mixture's MATH
+#      prompts, mined with the general head's first drafts.
 # What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
-# (2), heads/eagle_labels_gsm8k.jsonl and heads/eagle_labels_math.jsonl (3).
-# GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K and
-# MINE_MATH the problems to mine of each (default 1000 and 600).
+# (2), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (3).
+# GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K, MINE_MBPP
+# and MINE_MATH the problems to mine of each (default 1000, 300 and 600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 release="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}/release"
@@ -43,6 +44,8 @@ fi
 say "3/3 labels for a judge of EAGLE drafts"
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
   --first 0 --problems "${MINE_GSM8K:-1000}" --labels heads/eagle_labels_gsm8k.jsonl
+"$bin/train-head" mine --eagle-head heads/general-eagle3 --task mbpp \
+  --first 0 --problems "${MINE_MBPP:-300}" --labels heads/eagle_labels_mbpp.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$work/prompts.jsonl" \
   --source math --first 0 --problems "${MINE_MATH:-600}" --labels heads/eagle_labels_math.jsonl
 say "done"

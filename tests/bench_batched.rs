@@ -148,10 +148,14 @@ fn seeds_sample_each_problem_again_and_pair_by_seed() {
     let speculative = report.summaries.iter().find(|s| s.mode == "rejection").unwrap();
     assert_eq!(speculative.problems, 4, "2 problems × 2 seeds");
     assert_eq!(speculative.paired.as_ref().unwrap().problems, 4, "each sample paired with plain decoding's of the same seed");
-    // A rerun finds every (problem, seed, mode) done and decodes nothing.
+    // A rerun finds every (problem, seed, mode) done and decodes nothing; the report of
+    // the process that made the runs stands (what it learned is in no run).
     let before = std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap();
-    bench::run(&config, &options).unwrap();
+    let written = std::fs::metadata(&out).unwrap().modified().unwrap();
+    let rerun = bench::run(&config, &options).unwrap();
     assert_eq!(std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap(), before);
+    assert_eq!(std::fs::metadata(&out).unwrap().modified().unwrap(), written, "a rerun with nothing to do rewrote the report");
+    assert_eq!(rerun.runs.len(), 8);
 }
 
 /// `--hold-while FILE`: while the file exists the bench decodes nothing (no run is timed while

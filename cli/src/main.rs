@@ -330,7 +330,7 @@ fn main() -> Result<()> {
             };
             let Some(per_task) = suite else {
                 print_bench_report(&bench::run(&config, &options)?);
-                eprintln!("report written to {}", out.display());
+                eprintln!("report at {}", out.display());
                 return Ok(());
             };
             let mut runs = Vec::new();
@@ -350,7 +350,7 @@ fn main() -> Result<()> {
                 let report = bench::run(&config, &options)?;
                 println!("## {task}\n");
                 print_bench_report(&report);
-                eprintln!("{task}: report written to {}", out.display());
+                eprintln!("{task}: report at {}", out.display());
                 runs.push((task, report.runs));
             }
             println!("## All tasks\n\n{}", verdict_eval::suite::pooled_table(&verdict_eval::suite::pool_over_tasks(&runs, &options.modes)));

@@ -56,15 +56,7 @@ fn sum_words(words: &[u64]) -> u64 {
 /// 2-D tensor, except the token embedding when the model has its own output matrix (a
 /// forward then gathers one embedding row, not the whole table).
 pub fn weights_read_per_token(path: &Path) -> Result<u64> {
-    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let content = gguf_file::Content::read(&mut file).with_context(|| format!("reading GGUF header of {}", path.display()))?;
-    let separate_output = content.tensor_infos.contains_key("output.weight");
-    Ok(content
-        .tensor_infos
-        .iter()
-        .filter(|(name, info)| info.shape.dims().len() == 2 && !(separate_output && name.as_str() == "token_embd.weight"))
-        .map(|(_, info)| tensor_bytes(info.ggml_dtype, info.shape.elem_count()))
-        .sum())
+    Ok(weights_by_role(path)?.values().map(|(bytes, _)| bytes).sum())
 }
 
 /// Per matmul role of a decode step (`attn_q`, `ffn_down`, `output`, …: the GGUF tensor

@@ -451,6 +451,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     let selected_set: HashSet<usize> = selected.iter().copied().collect();
     runs.retain(|r| selected_set.contains(&r.problem) && r.seed < options.seeds && options.modes.contains(&r.mode));
     let done: HashSet<((usize, usize), Mode)> = runs.iter().map(|r| ((r.problem, r.seed), r.mode.clone())).collect();
+    let resumed_runs = runs.len();
     if !done.is_empty() {
         tracing::info!(
             "resuming: {} runs already in {}",
@@ -598,6 +599,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
     };
     // A combined mode's choice counts now, to take the run's own from.
     let choices_of = |mode: &Mode| combined_proposers.get(mode).map(|p| p.proposer().choices());
+    let choices_since = |mode: &Mode, before: Option<ChoiceCounts>| choices_of(mode).zip(before).map(|(now, before)| now.since(&before));
     if options.batch > 1 {
         let pending: Vec<(usize, usize)> = units
             .iter()
@@ -676,7 +678,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                 }
                 // The group's counters go with its first run (summaries add them up).
                 let mut counters = stack.map(|_| metrics.snapshot().since(&before));
-                let mut choices = choices_of(mode).zip(choices_before).map(|(now, before)| now.since(&before));
+                let mut choices = choices_since(mode, choices_before);
                 for (unit, mut generation) in generations {
                     generation.seconds = share;
                     record(new_run(unit, mode, generation, counters.take(), todo.len(), choices.take()), &mut runs)?;
@@ -724,7 +726,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     }
                 })
                 .with_context(|| format!("problem {index} seed {seed}, mode {}", mode.name()))?;
-            let choices = choices_of(&mode).zip(choices_before).map(|(now, before)| now.since(&before));
+            let choices = choices_since(&mode, choices_before);
             record(new_run((index, seed), &mode, generation, counters, 1, choices), &mut runs)?;
         }
     }
@@ -744,7 +746,12 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .filter_map(|(mode, learned)| Some((mode.name(), learned?.current().clone())))
         .collect();
     for (mode, latency) in &learned {
-        tracing::info!("{mode}: T_v learned (rows: ms, drafting included) {}", latency.describe(8));
+        // A draft model's drafts are priced apart, so its T_v times the verify alone.
+        let timed = match draft_policies.iter().any(|(m, _)| m.name() == *mode) {
+            true => "verify only",
+            false => "drafting included",
+        };
+        tracing::info!("{mode}: T_v learned (rows: ms, {timed}) {}", latency.describe(8));
     }
     // What SV over the draft model priced its drafts by, as this process learned it.
     let draft_pricing: BTreeMap<String, serde_json::Value> = draft_policies
@@ -753,7 +760,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
             let draft_ms = p.proposer().draft_ms();
             let confidences = [0.5f32, 0.7, 0.8, 0.9, 0.95, 0.99];
             let kept = p.keep_rates().map(|r| r.keep_rates(&confidences));
-            tracing::info!("{}: a draft-model forward {draft_ms:?} ms; kept share at confidences {confidences:?}: {kept:?}", mode.name());
+            tracing::info!("{}: drafting {draft_ms:?} ms a draft-model row; kept share at confidences {confidences:?}: {kept:?}", mode.name());
             (mode.name(), serde_json::json!({"draft_ms": draft_ms, "confidences": confidences, "keep_rates": kept}))
         })
         .collect();
@@ -793,8 +800,14 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "divergences": divergences,
         "runs": runs,
     });
-    fs::write(&options.out, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", options.out.display()))?;
+    // A rerun with nothing left to do keeps the report of the process that made its runs
+    // (what it learned as it ran is in no run).
+    if runs.len() == resumed_runs && options.out.is_file() {
+        tracing::info!("{}: every run was already done; the report there stands", options.out.display());
+    } else {
+        fs::write(&options.out, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", options.out.display()))?;
+    }
     Ok(BenchReport {
         summaries,
         divergences,

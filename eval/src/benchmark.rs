@@ -256,18 +256,6 @@ pub struct Mbpp {
     pub sandbox: Arc<Sandbox>,
 }
 
-impl Mbpp {
-    pub fn program(problem: &mbpp::Problem, response: &str) -> String {
-        let code = extract_code(response, None);
-        let mut program = format!("{}\n{code}\n\n", problem.test_setup_code);
-        for test in &problem.test_list {
-            program.push_str(test);
-            program.push('\n');
-        }
-        program
-    }
-}
-
 impl Benchmark for Mbpp {
     fn task(&self) -> TaskName {
         TaskName::Mbpp
@@ -279,7 +267,7 @@ impl Benchmark for Mbpp {
         mbpp::prompt(&self.problems[index], "python")
     }
     fn grade(&self, index: usize, response: &str) -> Grade {
-        outcome_grade(&self.sandbox, &Self::program(&self.problems[index], response))
+        outcome_grade(&self.sandbox, &mbpp::program(&self.problems[index], response))
     }
 }
 

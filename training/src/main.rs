@@ -1,6 +1,9 @@
 //! `train-head`: mine GSM8K for important tokens, compute features, fit the heads.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -8,7 +11,16 @@ use verdict::{
     config::Config,
     engine::LoadedModels,
 };
-use verdict_eval::tasks::{gsm8k, math::Math, GivenPrompts, TaskAdapter};
+use verdict_eval::{
+    packaged,
+    sandbox::{Sandbox, SandboxLimits},
+    tasks::{
+        gsm8k,
+        math::Math,
+        mbpp::{self, MbppTests},
+        GivenPrompts, TaskAdapter,
+    },
+};
 use verdict_heads::FeatureSpec;
 use verdict_training::{
     autojudge_head::{fit_autojudge_head, FeatureModels},
@@ -275,7 +287,10 @@ struct TaskArgs {
     /// A verdict config naming the target and draft (`[models]`).
     #[arg(long, short, default_value = "configs/default.toml")]
     config: PathBuf,
-    #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k"])]
+    /// `mbpp` (mining and features only): MBPP's Python tasks after the evaluated ones (ids
+    /// above 210), in file order, a response's answer being whether its code passes the
+    /// task's asserts in the sandbox.
+    #[arg(long, default_value = "gsm8k", value_parser = ["gsm8k", "mbpp"])]
     task: String,
     /// Folder holding `<split>.jsonl` (default: $VERDICT_GSM8K, else the fetched copy in the
     /// cache; GSM8K train is in no registry package, so name its folder here).
@@ -464,11 +479,29 @@ impl TaskArgs {
     }
 
     fn problems(&self) -> Result<Vec<gsm8k::Problem>> {
+        anyhow::ensure!(self.task == "gsm8k", "--task {}: this step takes GSM8K problems only (MBPP mines AutoJudge labels)", self.task);
         gsm8k::load(&self.config_and_data_dir()?.1, &self.split)
+    }
+
+    /// MBPP's tasks after the evaluated ones, and the task that runs their asserts.
+    fn mbpp(&self) -> Result<(MbppTests, Vec<mbpp::Problem>)> {
+        let config = Config::load(&self.config)?;
+        let cache = verdict::models::cache_dir(config.models.cache_dir.as_deref());
+        let problems: Vec<mbpp::Problem> = packaged::MBPP
+            .docs::<mbpp::Problem>(&cache)?
+            .into_iter()
+            .filter(|p| p.task_id > mbpp::LAST_EVALUATION_TASK)
+            .collect();
+        anyhow::ensure!(!problems.is_empty(), "MBPP holds no task after the evaluated ones (ids above {})", mbpp::LAST_EVALUATION_TASK);
+        let sandbox = Sandbox::new(Sandbox::default_python(), SandboxLimits::default())?;
+        Ok((MbppTests { sandbox: Arc::new(sandbox) }, problems))
     }
 
     /// `--prompts` and `--source` come together or not at all.
     fn check_prompt_source(&self) -> Result<()> {
+        if let (Some(path), "mbpp") = (&self.prompts, self.task.as_str()) {
+            anyhow::bail!("--prompts {} with --task mbpp: MBPP's tasks carry their own prompts and tests; name one or the other", path.display());
+        }
         match (&self.prompts, &self.source) {
             (Some(path), None) => anyhow::bail!("--prompts {}: say which prompts to mine with --source (gsm8k or math)", path.display()),
             (None, Some(source)) => anyhow::bail!("--source {source}: it picks prompts of a --prompts file, and none was named"),
@@ -496,6 +529,10 @@ impl TaskArgs {
     fn prompt_of(&self) -> Result<Box<dyn Fn(usize) -> Result<String>>> {
         let prompts: Vec<String> = match self.given_prompts()? {
             Some(prompts) => prompts,
+            None if self.task == "mbpp" => {
+                let (task, problems) = self.mbpp()?;
+                problems.iter().map(|p| task.prompt(p)).collect()
+            }
             None => self.problems()?.iter().map(|p| gsm8k::Gsm8k.prompt(p)).collect(),
         };
         let from = self.prompts.as_ref().map_or_else(|| format!("split {}", self.split), |p| p.display().to_string());
@@ -507,6 +544,10 @@ impl TaskArgs {
         match (self.given_prompts()?, self.source.as_deref()) {
             (Some(prompts), Some("math")) => mine(engine, &GivenPrompts(Math), &prompts, plan, labels)?,
             (Some(prompts), _) => mine(engine, &GivenPrompts(gsm8k::Gsm8k), &prompts, plan, labels)?,
+            (None, _) if self.task == "mbpp" => {
+                let (task, problems) = self.mbpp()?;
+                mine(engine, &task, &problems, plan, labels)?
+            }
             (None, _) => mine(engine, &gsm8k::Gsm8k, &self.problems()?, plan, labels)?,
         };
         Ok(())

@@ -136,8 +136,7 @@ where
     };
     if plan.together <= 1 {
         for id in todo {
-            let prompt = task.prompt(&problems[id]);
-            record(mine_problem_with(engine, task, id, &prompt, plan.max_response_tokens, plan.important_below)?)?;
+            record(mine_problem_with(engine, task, id, &problems[id], plan.max_response_tokens, plan.important_below)?)?;
         }
     } else {
         mine_together(engine, task, problems, plan, todo, &mut record)?;
@@ -184,7 +183,8 @@ where
         let found = engine.continue_responses(&requests, plan.max_response_tokens)?;
         anyhow::ensure!(found.len() == running.len(), "{} continuations for {} requests", found.len(), running.len());
         for ((search, _), continuation) in running.iter_mut().zip(found) {
-            search.take(continuation, task, &|tokens| engine.decode(tokens))?;
+            let problem = &problems[search.problem_id()];
+            search.take(continuation, task, problem, &|tokens| engine.decode(tokens))?;
         }
         let share = step.elapsed().as_secs_f64() / running.len() as f64;
         let mut still = Vec::with_capacity(running.len());

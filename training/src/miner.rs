@@ -6,7 +6,7 @@
 //! continues from the new response (whose later mismatches are recomputed). Different
 //! answer: important, and y keeps the target token. Only mismatches after t are tested
 //! next. Responses never exceed `max_response_tokens` in total, so continuations cannot grow
-//! without bound. Only committed answers count ([`TaskAdapter::committed_answer`]): a
+//! without bound. Only committed answers count ([`TaskAdapter::problem_answer`]): a
 //! problem whose target response has none yields no labels, and a swap whose continuation
 //! has none is important.
 
@@ -72,10 +72,10 @@ pub fn mine_problem<E: MiningEngine, T: TaskAdapter>(
     engine: &mut E,
     task: &T,
     problem_id: usize,
-    prompt: &str,
+    problem: &T::Problem,
     max_response_tokens: usize,
 ) -> Result<ProblemLabels> {
-    mine_problem_with(engine, task, problem_id, prompt, max_response_tokens, None)
+    mine_problem_with(engine, task, problem_id, problem, max_response_tokens, None)
 }
 
 /// [`mine_problem`] with the AutoJudge paper's shortcut for EAGLE mining: a draft token the
@@ -86,15 +86,16 @@ pub fn mine_problem_with<E: MiningEngine, T: TaskAdapter>(
     engine: &mut E,
     task: &T,
     problem_id: usize,
-    prompt: &str,
+    problem: &T::Problem,
     max_response_tokens: usize,
     important_below: Option<f32>,
 ) -> Result<ProblemLabels> {
     engine.start_problem()?;
-    let mut search = ProblemSearch::new(problem_id, prompt, max_response_tokens, important_below);
+    let prompt = task.prompt(problem);
+    let mut search = ProblemSearch::new(problem_id, &prompt, max_response_tokens, important_below);
     while let Some(prefix) = search.wanted_prefix() {
-        let found = engine.continue_response(prompt, &prefix, max_response_tokens)?;
-        search.take(found, task, &|tokens| engine.decode(tokens))?;
+        let found = engine.continue_response(&prompt, &prefix, max_response_tokens)?;
+        search.take(found, task, problem, &|tokens| engine.decode(tokens))?;
     }
     Ok(search.finish())
 }
@@ -155,6 +156,10 @@ impl ProblemSearch {
         &self.prompt
     }
 
+    pub fn problem_id(&self) -> usize {
+        self.problem_id
+    }
+
     /// The response prefix whose continuation the search needs next; `None` once done.
     pub fn wanted_prefix(&self) -> Option<Vec<u32>> {
         match self.next {
@@ -169,14 +174,21 @@ impl ProblemSearch {
     }
 
     /// Hand over the continuation of [`Self::wanted_prefix`]; the search then runs on to the
-    /// next mismatch that needs a regeneration (shortcut labels need none).
-    pub fn take<T: TaskAdapter>(&mut self, found: Continuation, task: &T, decode: &dyn Fn(&[u32]) -> Result<String>) -> Result<()> {
+    /// next mismatch that needs a regeneration (shortcut labels need none). `problem` is the
+    /// one searched: answers are read as [`TaskAdapter::problem_answer`] reads them.
+    pub fn take<T: TaskAdapter>(
+        &mut self,
+        found: Continuation,
+        task: &T,
+        problem: &T::Problem,
+        decode: &dyn Fn(&[u32]) -> Result<String>,
+    ) -> Result<()> {
         let prefix = self.wanted_prefix().context("a continuation handed to a finished search")?;
         check_continuation(&found, &prefix, self.max_response_tokens)?;
         self.generated += found.response.len() - prefix.len();
         match self.next {
             Wanted::First => {
-                self.alpha = task.committed_answer(&decode(&found.response)?);
+                self.alpha = task.problem_answer(problem, &decode(&found.response)?)?;
                 (self.y, self.predicted, self.top) = (found.response, found.predictions, found.target_top);
                 if self.alpha.is_none() {
                     // Nothing to compare swaps with (typically cut off before the answer).
@@ -185,7 +197,7 @@ impl ProblemSearch {
             }
             Wanted::Swap(t) => {
                 // A swap whose response commits to no answer within the cap is important.
-                let answer = task.committed_answer(&decode(&found.response)?);
+                let answer = task.problem_answer(problem, &decode(&found.response)?)?;
                 let equivalent = match (&self.alpha, &answer) {
                     (Some(a), Some(b)) => task.answers_equivalent(a, b),
                     _ => false,

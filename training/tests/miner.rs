@@ -151,7 +151,7 @@ impl TaskAdapter for LastNumber {
 }
 
 fn mine(engine: &mut Scripted, max: usize) -> Result<ProblemLabels> {
-    mine_problem(engine, &LastNumber, 7, "p", max)
+    mine_problem(engine, &LastNumber, 7, &(), max)
 }
 
 #[test]
@@ -269,7 +269,7 @@ impl TaskAdapter for CommitsTo40 {
 #[test]
 fn a_response_cut_off_before_its_answer_yields_no_labels() {
     // Capped at 7 tokens the target never reaches its answer token (40, the 8th).
-    let labels = mine_problem(&mut Scripted::new(None), &CommitsTo40, 7, "p", 7).unwrap();
+    let labels = mine_problem(&mut Scripted::new(None), &CommitsTo40, 7, &(), 7).unwrap();
     assert_eq!(labels.target_answer, None);
     assert!(labels.mismatches.is_empty());
 }
@@ -278,7 +278,7 @@ fn a_response_cut_off_before_its_answer_yields_no_labels() {
 fn a_swap_whose_continuation_commits_to_nothing_is_important() {
     // Every swap here keeps the length, so the response still ends with an answer token; an
     // odd swap makes it end with 41, which this task does not count as an answer at all.
-    let labels = mine_problem(&mut Scripted::new(None), &CommitsTo40, 7, "p", 100).unwrap();
+    let labels = mine_problem(&mut Scripted::new(None), &CommitsTo40, 7, &(), 100).unwrap();
     let important: Vec<bool> = labels.mismatches.iter().map(|m| m.important).collect();
     let reference: Vec<bool> = mine(&mut Scripted::new(None), 100)
         .unwrap()
@@ -295,13 +295,13 @@ fn a_swap_whose_continuation_commits_to_nothing_is_important() {
 #[test]
 fn unlikely_drafts_are_important_without_a_regeneration() {
     let mut engine = Scripted::new(None).reporting_top(0.004);
-    let labels = mine_problem_with(&mut engine, &LastNumber, 7, "p", 100, Some(0.01)).unwrap();
+    let labels = mine_problem_with(&mut engine, &LastNumber, 7, &(), 100, Some(0.01)).unwrap();
     assert_eq!(engine.calls.get(), 1, "a mismatch was regenerated");
     assert_eq!(labels.mismatches.iter().map(|m| (m.position, m.important, m.shortcut)).collect::<Vec<_>>(), vec![(1, true, true), (6, true, true)]);
 
     let mut engine = Scripted::new(None).reporting_top(0.004);
-    let tested = mine_problem_with(&mut engine, &LastNumber, 7, "p", 100, Some(0.001)).unwrap();
-    let plain = mine_problem(&mut Scripted::new(None), &LastNumber, 7, "p", 100).unwrap();
+    let tested = mine_problem_with(&mut engine, &LastNumber, 7, &(), 100, Some(0.001)).unwrap();
+    let plain = mine_problem(&mut Scripted::new(None), &LastNumber, 7, &(), 100).unwrap();
     assert!(tested.mismatches.iter().all(|m| !m.shortcut) && engine.calls.get() > 1);
     // Every label keeps the draft's probability as read (no draft is among the reported
     // tokens: bounded by the runner-up's 0.004), so the shortcut can be judged offline.

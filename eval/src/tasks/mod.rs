@@ -18,6 +18,11 @@ pub trait TaskAdapter {
     fn committed_answer(&self, response: &str) -> Option<String> {
         self.extract_answer(response)
     }
+    /// The answer mining compares, with the problem at hand: by default the committed one;
+    /// a code task answers whether the response's code passes the problem's tests.
+    fn problem_answer(&self, _problem: &Self::Problem, response: &str) -> anyhow::Result<Option<String>> {
+        Ok(self.committed_answer(response))
+    }
     /// Whether a response's answer is the reference one.
     fn is_correct(&self, problem: &Self::Problem, response: &str) -> bool;
     /// Whether two extracted answers are the same answer (mining labels a swapped token

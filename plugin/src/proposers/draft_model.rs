@@ -4,10 +4,11 @@
 //! ([`DraftRequest::rows`]); this proposer scores each row by its most likely token's
 //! probability, asks the policy whether the draft is worth drawing, and draws it.
 //!
-//! A draft-model forward is far dearer than a head's: its time, measured as it runs, is
-//! priced per draft apart from the verify row ([`ScoredProposer::draft_ms`]). The first
-//! forward is paid before its row can be scored, so a sequence skips drafting altogether (the step decodes one
-//! token) when its last first draft's score says even that draft would not pay; every
+//! A draft-model row is far dearer than a head's: drafting's cost per row read (forward,
+//! score, draw), measured as it runs, prices each draft apart from the verify row
+//! ([`ScoredProposer::draft_ms`]). The first forward is paid before its row can be scored,
+//! so a sequence skips drafting altogether (the step decodes one token) when its last first
+//! draft's score says even that draft would not pay; every
 //! [`PROBE_EVERY`]-th skipped step drafts anyway, so the score follows the text. Both
 //! choices rest on rows already drawn, never on the draft they decide about, so lossless
 //! rules stay lossless.
@@ -23,8 +24,8 @@ use crate::sv::policy::{propose_alone, propose_unpriced, DraftPricing, ScoredDra
 /// its drafts pay now.
 pub const PROBE_EVERY: usize = 8;
 
-/// Weight of the newest forward in the running mean of a draft-model forward's time.
-const FORWARD_MS_WEIGHT: f64 = 0.1;
+/// Weight of the newest step in the running mean of drafting's cost per row read.
+const ROW_MS_WEIGHT: f64 = 0.1;
 
 /// What a sequence's earlier steps say about its next first draft.
 #[derive(Clone, Copy, Debug, Default)]
@@ -41,20 +42,20 @@ pub struct DraftModelProposer {
     first_drafts: Mutex<HashMap<usize, FirstDraft>>,
     /// Running mean of what drafting costs per draft-model row read, in milliseconds
     /// (`None` before the first step after a sequence's prompt).
-    forward_ms: Mutex<Option<f64>>,
+    row_ms: Mutex<Option<f64>>,
 }
 
 impl DraftModelProposer {
     /// A proposer for a draft model over a vocabulary of `vocab_size` tokens.
     pub fn new(vocab_size: usize) -> Self {
-        Self { vocab_size, first_drafts: Mutex::new(HashMap::new()), forward_ms: Mutex::new(None) }
+        Self { vocab_size, first_drafts: Mutex::new(HashMap::new()), row_ms: Mutex::new(None) }
     }
 
-    /// Fold one forward's time into the running mean.
-    fn record_forward(&self, ms: f64) {
-        let mut mean = self.forward_ms.lock().unwrap();
+    /// Fold one step's drafting cost per row read into the running mean.
+    fn record_row_cost(&self, ms: f64) {
+        let mut mean = self.row_ms.lock().unwrap();
         *mean = Some(match *mean {
-            Some(m) => m + FORWARD_MS_WEIGHT * (ms - m),
+            Some(m) => m + ROW_MS_WEIGHT * (ms - m),
             None => ms,
         });
     }
@@ -112,7 +113,7 @@ impl DraftModelProposer {
         }
         if read > 0 && !first_step {
             // Everything drafting took (forwards, scores, draws), per row read.
-            self.record_forward(started.elapsed().as_secs_f64() * 1e3 / read as f64);
+            self.record_row_cost(started.elapsed().as_secs_f64() * 1e3 / read as f64);
         }
         let logits = match logits.is_empty() {
             true => Tensor::zeros((0, self.vocab_size), DType::F32, &Device::Cpu)?,
@@ -162,9 +163,9 @@ impl ScoredProposer for DraftModelProposer {
         requests.iter_mut().enumerate().map(|(i, r)| self.draft(i, r, pricing)).collect()
     }
 
-    /// A draft costs a draft-model forward, as long as the forwards so far took.
+    /// A draft costs one row of drafting (forward, score, draw), as long as rows so far took.
     fn draft_ms(&self) -> Option<f64> {
-        Some(self.forward_ms.lock().unwrap().unwrap_or(0.0))
+        Some(self.row_ms.lock().unwrap().unwrap_or(0.0))
     }
 }
 

@@ -403,18 +403,17 @@ impl<P: ScoredProposer> Proposer for VerifyPolicy<P> {
     /// for its row (the pipeline steps a batch one sequence at a time where it cannot
     /// verify them together, as with a draft model under SV).
     fn propose_batch(&self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {
-        let priced_apart = self.proposer.draft_ms().is_some();
-        if self.learned_latency.is_some() && !priced_apart {
-            *lock(&self.step_in_flight) = Some((requests.iter().map(|r| r.seq_id).collect(), Instant::now()));
-        }
+        let drafting_began = Instant::now();
         let alone = requests.len() == 1;
         if let (Some(_), false, Some(last)) = (&self.budget, alone, *lock(&self.last_verified)) {
             requests.iter_mut().for_each(|r| r.gamma = r.gamma.min(last + 1));
         }
         let pricing = StepPricing { policy: self, budget: self.budget(), alone };
         let drafted = self.proposer.propose_scored(requests, &pricing)?;
-        if self.learned_latency.is_some() && priced_apart {
-            *lock(&self.step_in_flight) = Some((requests.iter().map(|r| r.seq_id).collect(), Instant::now()));
+        if self.learned_latency.is_some() {
+            // A proposer that prices its drafts itself has T_v time the verify alone.
+            let started = if self.proposer.draft_ms().is_some() { Instant::now() } else { drafting_began };
+            *lock(&self.step_in_flight) = Some((requests.iter().map(|r| r.seq_id).collect(), started));
         }
         if drafted.len() != requests.len() {
             candle_core::bail!("the proposer answered {} of {} draft requests", drafted.len(), requests.len());
