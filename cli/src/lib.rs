@@ -16,3 +16,4 @@ pub mod plot;
 pub mod plot_load;
 pub mod request_metrics;
 pub mod server;
+pub mod task_prompts;

@@ -21,6 +21,7 @@ use verdict_cli::{
     op_profile,
     server,
     subset::Subset,
+    task_prompts,
 };
 use verdict_heads::WeightFormat;
 
@@ -237,6 +238,22 @@ enum Command {
         #[arg(long)]
         title: Option<String>,
     },
+    /// A task's prompts as the target's chat template renders them (JSON Lines: task,
+    /// problem, the user turn, the rendered text and its token count), for another engine to
+    /// answer the very prompts `verdict bench` sends (`scripts/peer-llama.sh`).
+    Prompts {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, default_value = "gsm8k")]
+        task: verdict_eval::benchmark::TaskName,
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Write here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Pool `verdict bench` reports over the union of their problems: per mode, accuracy, τ
     /// over all steps and the pairing with a baseline mode (each problem once per mode, from
     /// the first report that has it). Tokens/s are not pooled.
@@ -421,6 +438,18 @@ fn main() -> Result<()> {
             repeats,
             out,
         } => head_cost_command(&Config::load(&config)?, &formats, context, repeats, out),
+        Command::Prompts { config, task, offset, limit, out } => {
+            let prompts = task_prompts::task_prompts(&Config::load(&config)?, task, &Subset { ids: None, offset, limit })?;
+            match out {
+                Some(path) => {
+                    let mut file = std::fs::File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
+                    task_prompts::write_jsonl(&prompts, &mut file)?;
+                    eprintln!("{} prompts written to {}", prompts.len(), path.display());
+                }
+                None => task_prompts::write_jsonl(&prompts, &mut std::io::stdout().lock())?,
+            }
+            Ok(())
+        }
     }
 }
 

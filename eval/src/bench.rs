@@ -268,6 +268,11 @@ pub struct Run {
     /// The request's wall clock; for a batched run, its batch's wall clock divided by the
     /// batch's size, so that tokens over seconds is the batch's throughput.
     pub seconds: f64,
+    /// The engine's timing of the prompt's processing, for a run decoded alone (`None` in a
+    /// batch, and in runs written before it was kept): decode speed without the prompt is
+    /// `completion_tokens / (seconds − prompt_seconds)`, as llama.cpp reports its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_seconds: Option<f64>,
     pub counters: Option<Counters>,
     /// Problems decoded together with this one (1: alone).
     #[serde(default = "one")]
@@ -592,6 +597,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         text: generation.text,
         completion_tokens: generation.completion_tokens,
         seconds: generation.seconds,
+        prompt_seconds: (batch_size == 1).then_some(generation.prompt_seconds),
         counters,
         batch_size,
         combined_choices,

@@ -146,6 +146,7 @@ mod tests {
             text: text.into(),
             completion_tokens: 10,
             seconds: 1.0,
+            prompt_seconds: None,
             counters: steps_accepted.map(|(steps, accepted)| Counters {
                 steps,
                 accepted_tokens: accepted,

@@ -527,6 +527,23 @@ pub fn user_turn(text: &str) -> IndexMap<String, mistralrs_core::MessageContent>
     chat_turn("user", text)
 }
 
+/// A conversation of (role, content) turns as the engine's chat template renders it for the
+/// model, generation prompt added: the tokens a chat request's prompt is.
+pub async fn chat_tokens(mistralrs: &MistralRs, turns: &[(String, String)]) -> Result<Vec<u32>> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let request = mistralrs_core::Request::Tokenize(mistralrs_core::TokenizationRequest {
+        text: Either::Left(turns.iter().map(|(role, text)| chat_turn(role, text)).collect()),
+        tools: None,
+        add_generation_prompt: true,
+        add_special_tokens: true,
+        enable_thinking: None,
+        reasoning_effort: None,
+        response: tx,
+    });
+    mistralrs.get_sender(None)?.send(request).await?;
+    rx.recv().await.context("the engine dropped the tokenization request")?
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Generation {
     pub text: String,

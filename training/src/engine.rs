@@ -15,13 +15,12 @@ use candle_core::{DType, Tensor, D};
 use mistralrs_core::{
     hidden_capture::{self, CaptureRequest, CapturedStates},
     MistralRs, NormalRequest, Request, RequestMessage, Response, SamplingParams,
-    TokenizationRequest,
 };
 use tokenizers::Tokenizer;
 use verdict::{
     config::SamplingConfig,
     engine::{
-        build_mistralrs_with, generate_with_top_tokens, chat_turn, LoadedModels, Prompt,
+        build_mistralrs_with, chat_tokens, generate_with_top_tokens, LoadedModels, Prompt,
         SharedPipeline,
     },
 };
@@ -169,20 +168,7 @@ impl MistralEngines {
         if let Some(tokens) = self.prompts.get(&key) {
             return Ok(tokens.clone());
         }
-        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-        let request = Request::Tokenize(TokenizationRequest {
-            text: either::Either::Left(turns.iter().map(|(role, text)| chat_turn(role, text)).collect()),
-            tools: None,
-            add_generation_prompt: true,
-            add_special_tokens: true,
-            enable_thinking: None,
-            reasoning_effort: None,
-            response: tx,
-        });
-        let tokens = self.runtime.block_on(async {
-            self.target.get_sender(None)?.send(request).await?;
-            rx.recv().await.context("the engine dropped the request")?
-        })?;
+        let tokens = self.runtime.block_on(chat_tokens(&self.target, turns))?;
         self.prompts.insert(key, tokens.clone());
         Ok(tokens)
     }
