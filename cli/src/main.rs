@@ -238,6 +238,23 @@ enum Command {
         #[arg(long)]
         title: Option<String>,
     },
+    /// How fast each quant type's one-row kernel reads its weights: one random ROWS × COLS
+    /// matrix quantized to each type (big enough to miss the caches), one input row through
+    /// each, the types taking turns (kernel work: compare types on one shape in one run).
+    QuantRate {
+        #[arg(long, default_value_t = 65536)]
+        rows: usize,
+        #[arg(long, default_value_t = 1536)]
+        cols: usize,
+        /// Quant types: q4k, q6k, q8_0, q5k, q4_0 …
+        #[arg(long, value_delimiter = ',', default_value = "q4k,q6k")]
+        dtypes: Vec<String>,
+        #[arg(long, default_value_t = 9)]
+        repeats: usize,
+        /// JSON report.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// A task's prompts as the target's chat template renders them (JSON Lines: task,
     /// problem, the user turn, the rendered text and its token count), for another engine to
     /// answer the very prompts `verdict bench` sends (`scripts/peer-llama.sh`).
@@ -438,6 +455,21 @@ fn main() -> Result<()> {
             repeats,
             out,
         } => head_cost_command(&Config::load(&config)?, &formats, context, repeats, out),
+        Command::QuantRate { rows, cols, dtypes, repeats, out } => {
+            anyhow::ensure!(repeats >= 1, "--repeats 0: pass at least 1");
+            let dtypes = dtypes.iter().map(|d| parse_dtype(d)).collect::<Result<Vec<_>>>()?;
+            let rates = matmul_cost::quant_rates(rows, cols, &dtypes, repeats)?;
+            println!("| type | rows × cols | MB | median ms | GB/s | each repeat (ms) |\n|---|---|---|---|---|---|");
+            for r in &rates {
+                let each: Vec<String> = r.milliseconds.iter().map(|ms| format!("{ms:.2}")).collect();
+                println!("| {} | {} × {} | {:.1} | {:.2} | {:.1} | {} |", r.dtype, r.rows, r.cols, r.bytes as f64 / 1e6, r.median_ms, r.gb_per_second, each.join(" "));
+            }
+            if let Some(out) = out {
+                std::fs::write(&out, serde_json::to_string_pretty(&rates)?).with_context(|| format!("cannot write {}", out.display()))?;
+                eprintln!("report written to {}", out.display());
+            }
+            Ok(())
+        }
         Command::Prompts { config, task, offset, limit, out } => {
             let prompts = task_prompts::task_prompts(&Config::load(&config)?, task, &Subset { ids: None, offset, limit })?;
             match out {
@@ -728,9 +760,38 @@ fn forward_cost_command(
     Ok(())
 }
 
+/// A quant type named as llama.cpp names it (`q4k` or `q4_k`, `q8_0`, …).
+fn parse_dtype(name: &str) -> Result<candle_core::quantized::GgmlDType> {
+    use candle_core::quantized::GgmlDType;
+    Ok(match name.to_ascii_lowercase().replace('_', "").as_str() {
+        "q40" => GgmlDType::Q4_0,
+        "q41" => GgmlDType::Q4_1,
+        "q50" => GgmlDType::Q5_0,
+        "q51" => GgmlDType::Q5_1,
+        "q80" => GgmlDType::Q8_0,
+        "q2k" => GgmlDType::Q2K,
+        "q3k" => GgmlDType::Q3K,
+        "q4k" => GgmlDType::Q4K,
+        "q5k" => GgmlDType::Q5K,
+        "q6k" => GgmlDType::Q6K,
+        "q8k" => GgmlDType::Q8K,
+        _ => anyhow::bail!("unknown quant type {name:?}: q4_0, q4_1, q5_0, q5_1, q8_0, q2k, q3k, q4k, q5k, q6k or q8k"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn quant_types_parse_as_llama_cpp_names_them_and_unknown_ones_are_named() {
+        use candle_core::quantized::GgmlDType;
+        assert_eq!(super::parse_dtype("q4k").unwrap(), GgmlDType::Q4K);
+        assert_eq!(super::parse_dtype("Q6_K").unwrap(), GgmlDType::Q6K);
+        assert_eq!(super::parse_dtype("q8_0").unwrap(), GgmlDType::Q8_0);
+        let err = super::parse_dtype("q7k").unwrap_err().to_string();
+        assert!(err.contains("\"q7k\""), "{err}");
+    }
 
     /// No subcommand defines a flag twice (two flattened groups defining one would hand its
     /// value silently to one of them; clap's `debug_assert` checks nothing in release builds).
@@ -745,3 +806,4 @@ mod tests {
         }
     }
 }
+

@@ -118,3 +118,59 @@ pub fn measure(
     initial.select();
     Ok(costs)
 }
+
+/// The one-row rate of a quantized matmul kernel on weights too big for the caches.
+#[derive(Debug, Serialize)]
+pub struct QuantRate {
+    pub dtype: String,
+    pub rows: usize,
+    pub cols: usize,
+    /// Bytes of the quantized weights (whole blocks).
+    pub bytes: u64,
+    /// Each repeat's time of one input row, in order.
+    pub milliseconds: Vec<f64>,
+    pub median_ms: f64,
+    /// Bytes over the median time.
+    pub gb_per_second: f64,
+}
+
+/// One random `rows × cols` matrix quantized to each of `dtypes`, one input row through
+/// each under the row-invariant kernel, the types taking turns `repeats` times: how fast each
+/// type's one-row kernel reads weights from memory, on the same shape and in the same minute.
+/// The first call of each, with two rows, is untimed (the panel kernels repack the weights
+/// then).
+pub fn quant_rates(rows: usize, cols: usize, dtypes: &[GgmlDType], repeats: usize) -> Result<Vec<QuantRate>> {
+    use candle_core::quantized::QTensor;
+    let device = Device::Cpu;
+    let initial = QuantKernel::selected();
+    QuantKernel::RowInvariant.select();
+    let values = Tensor::randn(0f32, 1.0, (rows, cols), &device)?;
+    let weights: Vec<QMatMul> = dtypes
+        .iter()
+        .map(|&dtype| Ok(QMatMul::from_qtensor(QTensor::quantize(&values, dtype)?)?))
+        .collect::<Result<_>>()?;
+    drop(values);
+    let input = Tensor::randn(0f32, 1.0, (1, 2, cols), &device)?;
+    for weight in &weights {
+        weight.forward(&input)?;
+    }
+    let one = input.narrow(1, 0, 1)?;
+    let mut times = vec![Vec::with_capacity(repeats); dtypes.len()];
+    for _ in 0..repeats {
+        for (weight, times) in weights.iter().zip(&mut times) {
+            let start = Instant::now();
+            weight.forward(&one)?;
+            times.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    initial.select();
+    Ok(dtypes
+        .iter()
+        .zip(times)
+        .map(|(&dtype, milliseconds)| {
+            let bytes = crate::memory_bandwidth::tensor_bytes(dtype, rows * cols);
+            let median_ms = median(milliseconds.clone());
+            QuantRate { dtype: format!("{dtype:?}"), rows, cols, bytes, milliseconds, median_ms, gb_per_second: bytes as f64 / median_ms / 1e6 }
+        })
+        .collect())
+}
