@@ -211,7 +211,7 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
     // side is empty, and only a target-feature head can be fitted on them.
     use verdict_heads::FeatureSpec;
     use verdict_training::{
-        autojudge_head::load_samples,
+        autojudge_head::{load_samples, LabelSet},
         features::{feature_path, problem_features},
         labels::{LabelStore, Mismatch, ProblemLabels},
     };
@@ -233,9 +233,10 @@ fn eagle_mining_predicts_the_runtime_drafters_first_drafts() {
     let feature_dir = dir.path().join("judge-features");
     std::fs::create_dir_all(&feature_dir).unwrap();
     features.save(&feature_path(&feature_dir, 0)).unwrap();
-    let samples = load_samples(&label_file, &feature_dir, FeatureSpec::TargetOnly).unwrap();
+    let set = LabelSet { labels: label_file.clone(), features: feature_dir.clone() };
+    let samples = load_samples(&set, 0, FeatureSpec::TargetOnly).unwrap();
     assert_eq!(samples.iter().map(|s| s.features.len()).collect::<Vec<_>>(), vec![spec.hidden_size; 2]);
-    let err = format!("{:#}", load_samples(&label_file, &feature_dir, FeatureSpec::DraftAndTarget).unwrap_err());
+    let err = format!("{:#}", load_samples(&set, 0, FeatureSpec::DraftAndTarget).unwrap_err());
     assert!(err.contains("without a draft model") && err.contains("--spec target"), "{err}");
 }
 

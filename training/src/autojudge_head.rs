@@ -53,8 +53,17 @@ impl FeatureModels {
     }
 }
 
-/// Every labelled mismatch with its feature vector under `spec`.
-pub fn load_samples(labels: &Path, features: &Path, spec: FeatureSpec) -> Result<Vec<Sample>> {
+/// A label file and the folder of its problems' features.
+#[derive(Clone, Debug)]
+pub struct LabelSet {
+    pub labels: PathBuf,
+    pub features: PathBuf,
+}
+
+/// Every labelled mismatch of `set` with its feature vector under `spec`, as samples of
+/// label set number `source`.
+pub fn load_samples(set: &LabelSet, source: usize, spec: FeatureSpec) -> Result<Vec<Sample>> {
+    let (labels, features) = (&set.labels, &set.features);
     let mut samples = Vec::new();
     for problem in LabelStore::read_all(labels)? {
         if problem.mismatches.is_empty() {
@@ -84,6 +93,7 @@ pub fn load_samples(labels: &Path, features: &Path, spec: FeatureSpec) -> Result
             }
             x.extend_from_slice(&target[i]);
             samples.push(Sample {
+                source,
                 problem_id: problem.problem_id,
                 features: x,
                 important: m.important,
@@ -97,23 +107,33 @@ pub fn load_samples(labels: &Path, features: &Path, spec: FeatureSpec) -> Result
 #[derive(Serialize)]
 pub struct HeadReport<'a> {
     pub features: &'a str,
-    pub labels: String,
+    /// The label files, in order (`per_source` numbers them from 0).
+    pub labels: Vec<String>,
     pub mismatches: usize,
     pub important: usize,
     #[serde(flatten)]
     pub fit: &'a FitReport,
 }
 
-/// Fit, save the head at `out`, and write `<out>.report.json` and `<out>.report.md`.
-pub fn fit_autojudge_head(
-    labels: &Path,
-    features: &Path,
-    spec: FeatureSpec,
-    options: &FitOptions,
-    out: &Path,
-) -> Result<LogisticHead> {
-    let models = FeatureModels::load(features)?;
-    let samples = load_samples(labels, features, spec)?;
+/// Fit one head on every set of `sets` together (each holds out its own share of problems;
+/// their features must come from the same models), save it at `out`, and write
+/// `<out>.report.json` and `<out>.report.md`.
+pub fn fit_autojudge_head(sets: &[LabelSet], spec: FeatureSpec, options: &FitOptions, out: &Path) -> Result<LogisticHead> {
+    let first = sets.first().context("no label set to fit on")?;
+    let models = FeatureModels::load(&first.features)?;
+    let mut samples = Vec::new();
+    for (source, set) in sets.iter().enumerate() {
+        let theirs = FeatureModels::load(&set.features)?;
+        ensure!(
+            theirs.target.same_model(&models.target) && (!spec.uses_draft() || theirs.draft.same_model(&models.draft)),
+            "{} holds features of target {}, {} of target {}: one head reads one model's states",
+            set.features.display(),
+            theirs.target.describe(),
+            first.features.display(),
+            models.target.describe()
+        );
+        samples.extend(load_samples(set, source, spec)?);
+    }
     let important = samples.iter().filter(|s| s.important).count();
     tracing::info!(
         "fitting a {} head on {} mismatches ({important} important)",
@@ -123,7 +143,7 @@ pub fn fit_autojudge_head(
     let fitted = fit_logistic(&samples, options)?;
     let report = HeadReport {
         features: spec.name(),
-        labels: labels.display().to_string(),
+        labels: sets.iter().map(|s| s.labels.display().to_string()).collect(),
         mismatches: samples.len(),
         important,
         fit: &fitted.report,
@@ -165,7 +185,7 @@ fn markdown(report: &HeadReport) -> String {
          - τ = {}: the largest threshold with validation recall of important tokens ≥ {:.0}%\n\n\
          | C | validation AUC |\n|---|---|\n",
         report.features,
-        report.labels,
+        report.labels.join("`, `"),
         report.mismatches,
         report.important,
         100.0 * fit.important_share,
@@ -181,6 +201,20 @@ fn markdown(report: &HeadReport) -> String {
     );
     for (c, auc) in &fit.grid {
         md += &format!("| {c:.0e} | {auc:.3} |\n");
+    }
+    if fit.per_source.len() > 1 {
+        md += "\nPer label set, with the chosen C:\n\n| labels | mismatches | important | validation mismatches | validation AUC |\n|---|---|---|---|---|\n";
+        for s in &fit.per_source {
+            md += &format!(
+                "| `{}` | {} | {} ({:.1}%) | {} | {:.3} |\n",
+                report.labels[s.source],
+                s.samples,
+                s.important,
+                100.0 * s.important as f64 / s.samples.max(1) as f64,
+                s.validation_samples,
+                s.validation_auc
+            );
+        }
     }
     md += "\nAccept a mismatch iff P(important) < τ. On the validation split:\n\n\
            | τ | recall of important | precision | mismatches accepted |\n|---|---|---|---|\n";

@@ -14,6 +14,8 @@ use serde::Serialize;
 /// One labelled mismatch's features.
 #[derive(Clone, Debug)]
 pub struct Sample {
+    /// Which label set it came from (problem ids are per set).
+    pub source: usize,
     pub problem_id: usize,
     pub features: Vec<f32>,
     pub important: bool,
@@ -71,6 +73,20 @@ pub struct FitReport {
     pub thresholds: Vec<ThresholdRow>,
     pub chosen_tau: f64,
     pub min_recall: f64,
+    /// Per label set, in order.
+    pub per_source: Vec<SourceFit>,
+}
+
+/// One label set's share of a fit.
+#[derive(Clone, Debug, Serialize)]
+pub struct SourceFit {
+    pub source: usize,
+    pub samples: usize,
+    pub important: usize,
+    pub validation_samples: usize,
+    /// The chosen model's validation AUC on this set's held-out problems (null when they
+    /// hold only one class).
+    pub validation_auc: f64,
 }
 
 /// The fitted head: raw-feature weights (standardisation folded in) and bias, plus the
@@ -100,25 +116,31 @@ impl FittedHead {
     }
 }
 
-/// Split by problem: every mismatch of a problem falls on the same side.
+/// Split by problem: every mismatch of a problem falls on the same side, and each label set
+/// holds out its own share of its problems (a set's problems shuffled with `seed` plus the
+/// set's index, so one set alone splits as it always did).
 pub fn split_by_problem(
     samples: &[Sample],
     validation_share: f64,
     seed: u64,
 ) -> (Vec<usize>, Vec<usize>) {
-    let mut problems: Vec<usize> = samples
-        .iter()
-        .map(|s| s.problem_id)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    problems.shuffle(&mut StdRng::seed_from_u64(seed));
-    let n_val = ((problems.len() as f64 * validation_share).round() as usize)
-        .clamp(1, problems.len().saturating_sub(1).max(1));
-    let validation: BTreeSet<usize> = problems[..n_val].iter().copied().collect();
+    let mut validation: BTreeSet<(usize, usize)> = BTreeSet::new();
+    for source in samples.iter().map(|s| s.source).collect::<BTreeSet<_>>() {
+        let mut problems: Vec<usize> = samples
+            .iter()
+            .filter(|s| s.source == source)
+            .map(|s| s.problem_id)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        problems.shuffle(&mut StdRng::seed_from_u64(seed + source as u64));
+        let n_val = ((problems.len() as f64 * validation_share).round() as usize)
+            .clamp(1, problems.len().saturating_sub(1).max(1));
+        validation.extend(problems[..n_val].iter().map(|&p| (source, p)));
+    }
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (i, s) in samples.iter().enumerate() {
-        if validation.contains(&s.problem_id) {
+        if validation.contains(&(s.source, s.problem_id)) {
             val.push(i);
         } else {
             train.push(i);
@@ -263,10 +285,32 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
     );
     let count_problems = |rows: &[usize]| {
         rows.iter()
-            .map(|&i| samples[i].problem_id)
+            .map(|&i| (samples[i].source, samples[i].problem_id))
             .collect::<BTreeSet<_>>()
             .len()
     };
+    let per_source = samples
+        .iter()
+        .map(|s| s.source)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .map(|source| {
+            let of = |s: &Sample| s.source == source;
+            let (scores, labels): (Vec<f64>, Vec<bool>) = val
+                .iter()
+                .zip(p_val.iter())
+                .filter(|(&i, _)| of(&samples[i]))
+                .map(|(&i, &p)| (p, samples[i].important))
+                .unzip();
+            SourceFit {
+                source,
+                samples: samples.iter().filter(|s| of(s)).count(),
+                important: samples.iter().filter(|s| of(s) && s.important).count(),
+                validation_samples: labels.len(),
+                validation_auc: roc_auc(&scores, &labels),
+            }
+        })
+        .collect();
     Ok(FittedHead {
         weight,
         bias,
@@ -288,6 +332,7 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
             thresholds,
             chosen_tau,
             min_recall: options.min_recall,
+            per_source,
         },
     })
 }
@@ -333,6 +378,7 @@ mod tests {
     fn split_keeps_problems_whole() {
         let samples: Vec<Sample> = (0..100)
             .map(|i| Sample {
+                source: 0,
                 problem_id: i / 5,
                 features: vec![0.0],
                 important: false,
@@ -344,5 +390,24 @@ mod tests {
         assert!(train
             .iter()
             .all(|&i| !val_problems.contains(&samples[i].problem_id)));
+    }
+
+    /// Two label sets whose problem ids overlap: each holds out its own share, and a
+    /// problem id of one set is not the same problem as that id of the other.
+    #[test]
+    fn each_label_set_holds_out_its_own_share_of_problems() {
+        let samples: Vec<Sample> = (0..300)
+            .map(|i| Sample { source: usize::from(i >= 100), problem_id: (i % 100) / 5, features: vec![0.0], important: false })
+            .collect();
+        let (train, val) = split_by_problem(&samples, 0.1, 1);
+        let held = |source: usize| val.iter().filter(|&&i| samples[i].source == source).count();
+        // 20 problems of 5 mismatches in set 0, 40 of 5 in set 1 (ids 0..19, twice).
+        assert_eq!((held(0), held(1)), (10, 20));
+        let val_keys: BTreeSet<(usize, usize)> = val.iter().map(|&i| (samples[i].source, samples[i].problem_id)).collect();
+        assert!(train.iter().all(|&i| !val_keys.contains(&(samples[i].source, samples[i].problem_id))));
+        // Set 0 alone splits as it did before there were sets.
+        let alone: Vec<Sample> = samples[..100].to_vec();
+        let (_, val_alone) = split_by_problem(&alone, 0.1, 1);
+        assert_eq!(val_alone, val.iter().copied().filter(|&i| i < 100).collect::<Vec<_>>());
     }
 }

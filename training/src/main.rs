@@ -23,7 +23,7 @@ use verdict_eval::{
 };
 use verdict_heads::FeatureSpec;
 use verdict_training::{
-    autojudge_head::{fit_autojudge_head, FeatureModels},
+    autojudge_head::{fit_autojudge_head, FeatureModels, LabelSet},
     eagle_fit::EagleFitOptions,
     eagle_mine::EagleMiningEngine,
     eagle_pipeline::{replay_held_out, train_eagle, EaglePlan},
@@ -417,6 +417,11 @@ struct FitArgs {
     features: FeatureDirArgs,
     #[command(flatten)]
     head: HeadArgs,
+    /// Another label file and its features' folder (`LABELS,FEATURES`, repeatable), fitted
+    /// together with --labels and --features: each set holds out its own share of problems,
+    /// and the report gives each set's validation AUC.
+    #[arg(long = "and", value_name = "LABELS,FEATURES", value_parser = parse_label_set)]
+    and: Vec<LabelSet>,
 }
 
 #[derive(Args, Clone)]
@@ -663,20 +668,26 @@ fn run_features(
     compute_features(engines, task.prompt_of()?, &labels.labels, dir)
 }
 
-fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs) -> Result<()> {
+fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs, more: &[LabelSet]) -> Result<()> {
     let options = FitOptions {
         min_recall: head.min_recall,
         validation_share: head.validation_share,
         ..FitOptions::default()
     };
-    fit_autojudge_head(
-        &labels.labels,
-        &features.features,
-        head.spec,
-        &options,
-        &head.out,
-    )?;
+    let mut sets = vec![LabelSet { labels: labels.labels.clone(), features: features.features.clone() }];
+    sets.extend_from_slice(more);
+    fit_autojudge_head(&sets, head.spec, &options, &head.out)?;
     Ok(())
+}
+
+/// `LABELS,FEATURES`: a label file and its features' folder.
+fn parse_label_set(text: &str) -> Result<LabelSet, String> {
+    match text.split_once(',') {
+        Some((labels, features)) if !labels.is_empty() && !features.is_empty() => {
+            Ok(LabelSet { labels: labels.into(), features: features.into() })
+        }
+        _ => Err(format!("{text:?} is not LABELS,FEATURES (a label file and its features folder)")),
+    }
 }
 
 fn main() -> Result<()> {
@@ -723,7 +734,7 @@ fn main() -> Result<()> {
             &PadFitOptions::default(),
             &args.pad_out,
         ),
-        Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head),
+        Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head, &args.and),
         Some(Command::Eagle(args)) => run_eagle(&args),
         Some(Command::Mixture(args)) => run_mixture(&args),
         Some(Command::SvProfile(args)) => {
@@ -772,7 +783,7 @@ fn main() -> Result<()> {
                 &mut engines,
             )?;
             drop(engines);
-            run_fit(&all.mine.labels, &all.features, &all.head)
+            run_fit(&all.mine.labels, &all.features, &all.head, &[])
         }
     }
 }

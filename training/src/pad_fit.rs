@@ -148,6 +148,7 @@ pub fn fit_pivot_mlp(
     let as_fit: Vec<crate::fit::Sample> = samples
         .iter()
         .map(|s| crate::fit::Sample {
+            source: 0,
             problem_id: s.problem_id,
             features: Vec::new(),
             important: s.pivot,

@@ -18,6 +18,7 @@ fn planted(n: usize, seed: u64) -> Vec<Sample> {
             ];
             let important = 3.0 * x[0] - x[2] / 50.0 > -1.0;
             Sample {
+                source: 0,
                 problem_id: i / 4,
                 features: x,
                 important,
@@ -76,4 +77,22 @@ fn fit_recovers_a_planted_rule_and_the_head_reproduces_its_probabilities() {
         let got = loaded.probability(None, &s.features).unwrap() as f64;
         assert!((got - expected).abs() < 1e-5, "{got} vs {expected}");
     }
+}
+
+/// Two label sets fitted together: each reports its own counts and validation AUC. The
+/// second set's labels are noise, so its AUC is near chance while the first's stays high:
+/// a pooled AUC alone would hide which set the head fails on.
+#[test]
+fn each_label_set_reports_its_own_validation_auc() {
+    let mut samples = planted(1200, 3);
+    let mut rng = StdRng::seed_from_u64(4);
+    samples.extend(planted(1200, 5).into_iter().map(|s| Sample { source: 1, important: rng.random_bool(0.3), ..s }));
+    let options = FitOptions { c_grid: vec![0.01, 1.0], ..Default::default() };
+    let fitted = fit_logistic(&samples, &options).unwrap();
+    let per_source = &fitted.report.per_source;
+    assert_eq!(per_source.iter().map(|s| (s.source, s.samples)).collect::<Vec<_>>(), vec![(0, 1200), (1, 1200)]);
+    assert_eq!(per_source.iter().map(|s| s.validation_samples).sum::<usize>(), fitted.report.validation_samples);
+    assert!(per_source[0].validation_auc > 0.9, "{per_source:?}");
+    assert!((per_source[1].validation_auc - 0.5).abs() < 0.15, "{per_source:?}");
+    assert!(per_source.iter().all(|s| s.validation_samples > 0), "each set holds out problems: {per_source:?}");
 }
