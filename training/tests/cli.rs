@@ -49,3 +49,17 @@ fn eagle_reads_its_prompts_file_first() {
     let (ok, text) = train_head(&["eagle", "--prompts", "p.jsonl", "--source", "math"]);
     assert!(!ok && text.contains("--source math") && text.contains("eagle"), "{text}");
 }
+
+#[test]
+fn mbpp_brings_its_own_prompts_and_pad_takes_gsm8k_only() {
+    let (ok, text) = train_head(&["mine", "--eagle-head", "h", "--labels", "/tmp/l.jsonl", "--task", "mbpp", "--prompts", "p.jsonl", "--source", "math"]);
+    assert!(!ok && text.contains("--task mbpp") && text.contains("p.jsonl"), "{text}");
+    let (ok, text) = train_head(&["mine", "--task", "humaneval"]);
+    assert!(!ok && text.contains("humaneval"), "{text}");
+}
+
+#[test]
+fn a_further_label_set_names_its_labels_and_features() {
+    let (ok, text) = train_head(&["fit", "--and", "only-labels.jsonl"]);
+    assert!(!ok && text.contains("only-labels.jsonl") && text.contains("LABELS,FEATURES"), "{text}");
+}
