@@ -48,4 +48,17 @@ say "3/3 labels for a judge of EAGLE drafts"
   --first 0 --problems "${MINE_MBPP:-300}" --labels heads/eagle_labels_mbpp.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$work/prompts.jsonl" \
   --source math --first 0 --problems "${MINE_MATH:-600}" --labels heads/eagle_labels_math.jsonl
+
+# 4: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
+# head over the three sets (each holding out its own problems) as heads/gsm8k_head.safetensors.
+say "4/4 features and the judge of EAGLE drafts"
+features=.verdict-work/eagle-judge
+"$bin/train-head" features --target-only --config configs/tasks.toml --data-dir "$gsm8k_dir" \
+  --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k"
+"$bin/train-head" features --target-only --config configs/tasks.toml --task mbpp \
+  --labels heads/eagle_labels_mbpp.jsonl --features "$features/mbpp"
+"$bin/train-head" features --target-only --config configs/tasks.toml --prompts "$work/prompts.jsonl" \
+  --source math --labels heads/eagle_labels_math.jsonl --features "$features/math"
+"$bin/train-head" fit --spec target --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k" \
+  --and "heads/eagle_labels_mbpp.jsonl,$features/mbpp" --and "heads/eagle_labels_math.jsonl,$features/math"
 say "done"

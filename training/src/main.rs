@@ -337,9 +337,21 @@ struct HeadArgs {
     /// Share of problems held out for validation (model selection, threshold table).
     #[arg(long, default_value_t = 0.1)]
     validation_share: f64,
-    /// The head file; reports go beside it (.report.json, .report.md).
-    #[arg(long, default_value = "heads/gsm8k_head.safetensors")]
-    out: PathBuf,
+    /// The head file; reports go beside it (.report.json, .report.md) [default:
+    /// heads/gsm8k_head.safetensors for `--spec target` (a judge of EAGLE drafts, the name
+    /// deployments use), heads/gsm8k_draft_model_head.safetensors for `draft+target`].
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+impl HeadArgs {
+    /// `--out`, or the spec's default file.
+    fn out(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| match self.spec {
+            FeatureSpec::TargetOnly => "heads/gsm8k_head.safetensors".into(),
+            FeatureSpec::DraftAndTarget => "heads/gsm8k_draft_model_head.safetensors".into(),
+        })
+    }
 }
 
 fn parse_probability(text: &str) -> Result<f32, String> {
@@ -676,7 +688,7 @@ fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs, more:
     };
     let mut sets = vec![LabelSet { labels: labels.labels.clone(), features: features.features.clone() }];
     sets.extend_from_slice(more);
-    fit_autojudge_head(&sets, head.spec, &options, &head.out)?;
+    fit_autojudge_head(&sets, head.spec, &options, &head.out())?;
     Ok(())
 }
 
