@@ -156,6 +156,11 @@ fn seeds_sample_each_problem_again_and_pair_by_seed() {
     assert_eq!(std::fs::read_to_string(bench::checkpoint_path(&out)).unwrap(), before);
     assert_eq!(std::fs::metadata(&out).unwrap().modified().unwrap(), written, "a rerun with nothing to do rewrote the report");
     assert_eq!(rerun.runs.len(), 8);
+    // One with another selection (plain decoding alone, all of its runs done) writes its own.
+    let plain_only = BenchOptions { modes: vec![Mode::plain()], seeds: 2, ..first_two(dir.path(), "rejection", &out) };
+    bench::run(&config, &plain_only).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(json["summary"].as_array().unwrap().len(), 1, "the report still covers the modes of the first run");
 }
 
 /// `--hold-while FILE`: while the file exists the bench decodes nothing (no run is timed while

@@ -807,8 +807,8 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         "runs": runs,
     });
     // A rerun with nothing left to do keeps the report of the process that made its runs
-    // (what it learned as it ran is in no run).
-    if runs.len() == resumed_runs && options.out.is_file() {
+    // (what it learned as it ran is in no run), unless that report covers another selection.
+    if runs.len() == resumed_runs && same_selection(&options.out, &report) {
         tracing::info!("{}: every run was already done; the report there stands", options.out.display());
     } else {
         fs::write(&options.out, serde_json::to_string_pretty(&report)?)
@@ -819,6 +819,15 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         divergences,
         runs,
     })
+}
+
+/// Whether the report at `path` covers the same problems, seeds and modes as `report`.
+fn same_selection(path: &Path, report: &serde_json::Value) -> bool {
+    let Some(old) = fs::read_to_string(path).ok().and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()) else {
+        return false;
+    };
+    let modes = |r: &serde_json::Value| r["summary"].as_array().map(|s| s.iter().map(|m| m["mode"].clone()).collect::<Vec<_>>());
+    old["problem_ids"] == report["problem_ids"] && old["seeds"] == report["seeds"] && modes(&old) == modes(report)
 }
 
 /// Problems grouped by prompt token count, at most `batch` a group, shortest prompts first:
