@@ -29,23 +29,9 @@ pub fn probabilities(logits: &[f32], sampling: &SamplingSettings) -> Vec<f32> {
         .map(|&l| ((l - max) / temperature).exp())
         .collect();
     normalise(&mut probs);
-    let needs_order = sampling.top_k.is_some() || sampling.top_p.is_some();
-    if needs_order {
-        let mut order: Vec<usize> = (0..probs.len()).collect();
-        order.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-        let mut keep = sampling.top_k.unwrap_or(probs.len()).min(probs.len());
-        if let Some(top_p) = sampling.top_p {
-            let mut mass = 0.0f64;
-            // The smallest prefix whose mass reaches top_p.
-            for (rank, &token) in order.iter().take(keep).enumerate() {
-                mass += probs[token] as f64;
-                if mass >= top_p {
-                    keep = rank + 1;
-                    break;
-                }
-            }
-        }
-        for &token in &order[keep..] {
+    if sampling.top_k.is_some() || sampling.top_p.is_some() {
+        let order = ranked_head(&probs, sampling.top_k, sampling.top_p);
+        for &token in &order.tokens[order.keep..] {
             probs[token] = 0.0;
         }
     }
@@ -58,6 +44,48 @@ pub fn probabilities(logits: &[f32], sampling: &SamplingSettings) -> Vec<f32> {
     }
     normalise(&mut probs);
     probs
+}
+
+/// Every token, the first `keep` of them the ones top-k / top-p keep, in rank order (most
+/// probable first, ties to the lower id); the rest in no order.
+struct RankedHead {
+    tokens: Vec<usize>,
+    keep: usize,
+}
+
+/// The kept head of the ranking without sorting the whole vocabulary: the best `c` tokens are
+/// selected (linear) and only they are sorted, `c` doubling until the top-p prefix ends inside
+/// them. The ranking is a total order, so the head is exactly a full sort's.
+fn ranked_head(probs: &[f32], top_k: Option<usize>, top_p: Option<f64>) -> RankedHead {
+    let by_rank = |a: &usize, b: &usize| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b));
+    let mut tokens: Vec<usize> = (0..probs.len()).collect();
+    let limit = top_k.unwrap_or(probs.len()).min(probs.len());
+    if limit == 0 {
+        return RankedHead { tokens, keep: 0 };
+    }
+    let mut head = match top_p {
+        Some(_) => limit.min(64),
+        None => limit,
+    };
+    loop {
+        if head < tokens.len() {
+            tokens.select_nth_unstable_by(head - 1, by_rank);
+        }
+        tokens[..head].sort_unstable_by(by_rank);
+        // The smallest prefix whose mass reaches top_p.
+        let mut mass = 0.0f64;
+        let reached = top_p.and_then(|top_p| {
+            tokens[..head].iter().position(|&token| {
+                mass += probs[token] as f64;
+                mass >= top_p
+            })
+        });
+        match reached {
+            Some(rank) => return RankedHead { tokens, keep: rank + 1 },
+            None if head == limit => return RankedHead { tokens, keep: limit },
+            None => head = (2 * head).min(limit),
+        }
+    }
 }
 
 fn normalise(probs: &mut [f32]) {
@@ -140,6 +168,33 @@ mod tests {
             &probabilities(&logits, &top_p),
             &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0],
         );
+    }
+
+    /// The kept head found without a full sort is the full sort's, ties included, for every
+    /// top-k / top-p, including a top-p prefix longer than the first selection.
+    #[test]
+    fn the_kept_head_is_a_full_sorts() {
+        use rand::{rngs::StdRng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(7);
+        // Few distinct values, so ties are everywhere; one flat tail so top-p runs long.
+        let mut probs: Vec<f32> = (0..5000).map(|_| (rng.random_range(0..40) as f32).powi(3)).collect();
+        probs.iter_mut().take(1000).for_each(|p| *p = 1.0);
+        normalise(&mut probs);
+        let mut full: Vec<usize> = (0..probs.len()).collect();
+        full.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        for (top_k, top_p) in [(None, Some(0.5)), (None, Some(0.95)), (None, Some(0.999_999)), (Some(7), None), (Some(300), Some(0.9)), (Some(3), Some(0.99))] {
+            let limit = top_k.unwrap_or(probs.len());
+            let mut mass = 0.0f64;
+            let want = top_p
+                .and_then(|p| full.iter().take(limit).position(|&t| {
+                    mass += probs[t] as f64;
+                    mass >= p
+                }))
+                .map_or(limit, |rank| rank + 1);
+            let got = ranked_head(&probs, top_k, top_p);
+            assert_eq!(got.keep, want, "top_k {top_k:?} top_p {top_p:?}");
+            assert_eq!(&got.tokens[..got.keep], &full[..want], "top_k {top_k:?} top_p {top_p:?}");
+        }
     }
 
     #[test]
