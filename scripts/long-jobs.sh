@@ -7,9 +7,11 @@
 #   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports);
 #   3. labels for a judge of EAGLE drafts (issue 53): GSM8K train problems, MBPP's tasks
 #      after the evaluated ones (pass/fail on their asserts), then the mixture's MATH
-#      prompts, mined with the general head's first drafts.
+#      prompts, mined with the general head's first drafts;
+#   4. their target-only features and one judge head over the three label sets
+#      (heads/gsm8k_head.safetensors).
 # What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
-# (2), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (3).
+# (2), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (3), heads/gsm8k_head.* (4).
 # GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K, MINE_MBPP
 # and MINE_MATH the problems to mine of each (default 1000, 300 and 600).
 set -euo pipefail
@@ -28,7 +30,7 @@ done
 say() { echo "$(date -u +%FT%TZ) long-jobs: $*"; }
 
 if [ ! -f heads/general-eagle3/config.json ]; then
-  say "1/3 the general EAGLE head"
+  say "1/4 the general EAGLE head"
   [ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
   "$bin/train-head" eagle --config configs/default.toml --data-dir "$gsm8k_dir" \
     --prompts "$work/prompts.jsonl" --problems 2198 --temperature 0 --max-tokens 512 \
@@ -36,12 +38,12 @@ if [ ! -f heads/general-eagle3/config.json ]; then
 fi
 
 if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
-  say "2/3 issue 50's acceptance runs"
+  say "2/4 issue 50's acceptance runs"
   CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
   touch .verdict-work/long-jobs/acceptance.done
 fi
 
-say "3/3 labels for a judge of EAGLE drafts"
+say "3/4 labels for a judge of EAGLE drafts"
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
   --first 0 --problems "${MINE_GSM8K:-1000}" --labels heads/eagle_labels_gsm8k.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --task mbpp \
