@@ -44,6 +44,8 @@ if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
 fi
 
 say "3/4 labels for a judge of EAGLE drafts"
+# The mixture's prompts (MATH's are mined) are rebuilt where a new machine lacks them.
+[ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
   --first 0 --problems "${MINE_GSM8K:-1000}" --labels heads/eagle_labels_gsm8k.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --task mbpp \

@@ -89,7 +89,8 @@ fn eagle_modes_with_two_weight_formats_run_in_one_bench() {
         assert!(counters["observe_seconds"].as_f64().unwrap() > 0.0, "{mode}: {counters}");
         let t = &summary(mode)["step_time"];
         let part = |k: &str| t[k].as_f64().unwrap();
-        let parts = part("draft_ms") + part("observe_ms") + part("verify_ms") + part("accept_ms") + part("other_ms");
+        let parts = part("draft_ms") + part("observe_ms") + part("prompt_ms") + part("verify_ms") + part("accept_ms") + part("other_ms");
+        assert!(part("prompt_ms") > 0.0, "{mode}: the prompt forward is timed apart: {t}");
         assert!((parts - part("total_ms")).abs() < 1e-6 && part("other_ms") >= 0.0, "{mode}: {t}");
     }
 

@@ -119,7 +119,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         hold_while: Option<PathBuf>,
         /// Skip locating where lossless modes first differ from plain decoding (that costs
-        /// one extra plain generation per differing problem).
+        /// one extra plain generation per differing problem; only greedy runs are located,
+        /// as sampled texts differ by chance).
         #[arg(long)]
         no_divergences: bool,
         /// CPU quantized matmul: row-invariant (default: one row goes through the multi-row

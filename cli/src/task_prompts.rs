@@ -36,7 +36,7 @@ pub fn task_prompts(config: &Config, task: TaskName, subset: &Subset) -> Result<
     let cache_dir = verdict::models::cache_dir(config.models.cache_dir.as_deref());
     let gsm8k_dir = datasets::gsm8k_dir(None, &cache_dir);
     let python = Sandbox::default_python();
-    let benchmark = benchmark::load(
+    let prompts = benchmark::prompts(
         task,
         &BenchmarkSource {
             gsm8k_dir: &gsm8k_dir,
@@ -51,10 +51,10 @@ pub fn task_prompts(config: &Config, task: TaskName, subset: &Subset) -> Result<
     let runtime = tokio::runtime::Runtime::new()?;
     let engine = runtime.block_on(Engine::plain(&models, 1));
     subset
-        .indices(benchmark.len())?
+        .indices(prompts.len())?
         .into_iter()
         .map(|problem| {
-            let prompt = benchmark.prompt(problem);
+            let prompt = prompts[problem].clone();
             let tokens = runtime.block_on(chat_tokens(&engine.mistralrs, &[("user".to_string(), prompt.clone())]))?;
             let rendered = tokenizer.decode(&tokens, false).map_err(anyhow::Error::msg)?;
             Ok(TaskPrompt { task: task.to_string(), problem, prompt, rendered, rendered_tokens: tokens.len() })

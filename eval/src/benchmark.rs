@@ -11,7 +11,7 @@ use crate::{
     datasets,
     packaged,
     sandbox::{Sandbox, SandboxLimits},
-    tasks::{code::extract_code, gsm8k, math, mbpp, TaskAdapter},
+    tasks::{code::{committed_code, extract_code}, gsm8k, math, mbpp, TaskAdapter},
 };
 
 /// The tasks by name.
@@ -89,8 +89,7 @@ struct CodeAnswers;
 
 impl Answers for CodeAnswers {
     fn committed_answer(&self, response: &str) -> Option<String> {
-        let code = extract_code(response, None);
-        (!code.trim().is_empty()).then(|| code.trim().to_string())
+        committed_code(response)
     }
     fn answers_equivalent(&self, a: &str, b: &str) -> bool {
         a.trim() == b.trim()
@@ -144,15 +143,35 @@ pub fn load(task: TaskName, source: &BenchmarkSource<'_>) -> Result<Arc<dyn Benc
         }
         TaskName::Math500 => Arc::new(AdapterBenchmark { task, adapter: math::Math, problems: packaged::MATH500.docs::<math::Problem>(source.cache_dir)? }),
         TaskName::HumanEval => Arc::new(HumanEval { problems: packaged::HUMANEVAL.docs(source.cache_dir)?, sandbox: sandbox()? }),
-        TaskName::Mbpp => {
-            let problems: Vec<mbpp::Problem> = packaged::MBPP.docs(source.cache_dir)?;
-            let evaluation: Vec<mbpp::Problem> = problems.into_iter().filter(|p| p.task_id <= mbpp::LAST_EVALUATION_TASK).collect();
-            if evaluation.is_empty() {
-                bail!("MBPP holds no evaluation task (ids up to {})", mbpp::LAST_EVALUATION_TASK);
-            }
-            Arc::new(Mbpp { problems: evaluation, sandbox: sandbox()? })
-        }
+        TaskName::Mbpp => Arc::new(Mbpp { problems: mbpp_evaluation(source.cache_dir)?, sandbox: sandbox()? }),
     })
+}
+
+/// The user turns of `task`'s problems, numbered as [`load`] numbers them, without starting
+/// the sandbox that grades code (writing prompts out runs no model-written code).
+pub fn prompts(task: TaskName, source: &BenchmarkSource<'_>) -> Result<Vec<String>> {
+    Ok(match task {
+        TaskName::Gsm8k | TaskName::Math500 => {
+            let benchmark = load(task, source)?;
+            (0..benchmark.len()).map(|i| benchmark.prompt(i)).collect()
+        }
+        TaskName::HumanEval => packaged::HUMANEVAL
+            .docs::<HumanEvalProblem>(source.cache_dir)?
+            .iter()
+            .map(HumanEval::prompt_for)
+            .collect(),
+        TaskName::Mbpp => mbpp_evaluation(source.cache_dir)?.iter().map(|p| mbpp::prompt(p, "python")).collect(),
+    })
+}
+
+/// MBPP's evaluation problems (the rest train heads).
+fn mbpp_evaluation(cache_dir: &Path) -> Result<Vec<mbpp::Problem>> {
+    let problems: Vec<mbpp::Problem> = packaged::MBPP.docs(cache_dir)?;
+    let evaluation: Vec<mbpp::Problem> = problems.into_iter().filter(|p| p.task_id <= mbpp::LAST_EVALUATION_TASK).collect();
+    if evaluation.is_empty() {
+        bail!("MBPP holds no evaluation task (ids up to {})", mbpp::LAST_EVALUATION_TASK);
+    }
+    Ok(evaluation)
 }
 
 /// A task whose [`TaskAdapter`] prompts and grades.

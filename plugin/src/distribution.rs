@@ -18,87 +18,105 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Tokens whose logit is this many temperature-scaled nats below the best get probability 0:
+/// a whole vocabulary of them weighs under 1e-12 of the sum, below f32's rounding of it, so
+/// the distribution is the full softmax's to the last bit that f32 keeps.
+const NEGLIGIBLE_NATS: f32 = 40.0;
+
 /// Probabilities of sampling each token from `logits` under `sampling` (`temperature` must
-/// be set; greedy decoding never needs a distribution).
+/// be set; greedy decoding never needs a distribution). Masked (−∞) and NaN logits get 0.
+///
+/// Rows are as long as the vocabulary and this runs for every drafted and verified token
+/// when sampling, so only the tokens that can carry probability are visited after one scan
+/// (a head's draft row has a few thousand among the whole vocabulary), and the top-k / top-p
+/// head is found among the few tokens above a probability floor, without a full sort.
 pub fn probabilities(logits: &[f32], sampling: &SamplingSettings) -> Vec<f32> {
     let temperature = sampling.temperature.unwrap_or(1.0) as f32;
-    // Softmax in f32 with the max subtracted: masked logits (-inf) become exact zeros.
+    // Softmax in f32 with the max subtracted.
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f32> = logits
-        .iter()
-        .map(|&l| ((l - max) / temperature).exp())
-        .collect();
-    normalise(&mut probs);
+    let floor = max - NEGLIGIBLE_NATS * temperature;
+    let mut support: Vec<usize> = (0..logits.len()).filter(|&t| logits[t] >= floor).collect();
+    let mut probs = vec![0.0f32; logits.len()];
+    for &t in &support {
+        probs[t] = ((logits[t] - max) / temperature).exp();
+    }
+    normalise(&mut probs, &support);
     if sampling.top_k.is_some() || sampling.top_p.is_some() {
-        let order = ranked_head(&probs, sampling.top_k, sampling.top_p);
-        for &token in &order.tokens[order.keep..] {
-            probs[token] = 0.0;
+        let kept = ranked_head(&probs, &support, sampling.top_k, sampling.top_p);
+        let mut head = vec![0.0f32; probs.len()];
+        for &token in &kept {
+            head[token] = probs[token];
         }
+        probs = head;
+        support = kept;
     }
     if let Some(min_p) = sampling.min_p {
-        let floor = probs.iter().copied().fold(0.0, f32::max) * min_p as f32;
-        probs
-            .iter_mut()
-            .filter(|p| **p < floor)
-            .for_each(|p| *p = 0.0);
+        let floor = support.iter().map(|&t| probs[t]).fold(0.0, f32::max) * min_p as f32;
+        for &t in &support {
+            if probs[t] < floor {
+                probs[t] = 0.0;
+            }
+        }
     }
-    normalise(&mut probs);
+    normalise(&mut probs, &support);
     probs
 }
 
-/// Every token, the first `keep` of them the ones top-k / top-p keep, in rank order (most
-/// probable first, ties to the lower id); the rest in no order.
-struct RankedHead {
-    tokens: Vec<usize>,
-    keep: usize,
-}
-
-/// The kept head of the ranking without sorting the whole vocabulary: the best `c` tokens are
-/// selected (linear) and only they are sorted, `c` doubling until the top-p prefix ends inside
-/// them. The ranking is a total order, so the head is exactly a full sort's.
-fn ranked_head(probs: &[f32], top_k: Option<usize>, top_p: Option<f64>) -> RankedHead {
+/// The tokens of `support` (every token with probability) that top-k / top-p keep, in rank
+/// order (most probable first, ties to the lower id), exactly as a sort of the whole
+/// vocabulary would give them.
+///
+/// The tokens at or above a probability floor are a prefix of that ranking, so only they are
+/// sorted; the floor drops until the prefix holds the top-p mass or top-k tokens (or is
+/// everything).
+fn ranked_head(probs: &[f32], support: &[usize], top_k: Option<usize>, top_p: Option<f64>) -> Vec<usize> {
     let by_rank = |a: &usize, b: &usize| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b));
-    let mut tokens: Vec<usize> = (0..probs.len()).collect();
-    let limit = top_k.unwrap_or(probs.len()).min(probs.len());
+    let limit = top_k.unwrap_or(support.len()).min(support.len());
     if limit == 0 {
-        return RankedHead { tokens, keep: 0 };
+        return Vec::new();
     }
-    let mut head = match top_p {
-        Some(_) => limit.min(64),
-        None => limit,
-    };
+    let best = support.iter().map(|&t| probs[t]).fold(0.0f32, f32::max);
+    let mut floor = best / 4096.0;
     loop {
-        if head < tokens.len() {
-            tokens.select_nth_unstable_by(head - 1, by_rank);
-        }
-        tokens[..head].sort_unstable_by(by_rank);
+        let mut prefix: Vec<usize> = support.iter().copied().filter(|&t| probs[t] >= floor).collect();
+        prefix.sort_unstable_by(by_rank);
         // The smallest prefix whose mass reaches top_p.
         let mut mass = 0.0f64;
         let reached = top_p.and_then(|top_p| {
-            tokens[..head].iter().position(|&token| {
+            prefix.iter().take(limit).position(|&token| {
                 mass += probs[token] as f64;
                 mass >= top_p
             })
         });
-        match reached {
-            Some(rank) => return RankedHead { tokens, keep: rank + 1 },
-            None if head == limit => return RankedHead { tokens, keep: limit },
-            None => head = (2 * head).min(limit),
+        let keep = match reached {
+            Some(rank) => Some(rank + 1),
+            None if prefix.len() >= limit || floor == 0.0 => Some(limit.min(prefix.len())),
+            None => None,
+        };
+        if let Some(keep) = keep {
+            prefix.truncate(keep);
+            return prefix;
         }
+        // Below 2^-126 the next floor would be subnormal: take every token instead.
+        floor = if floor > f32::MIN_POSITIVE * 65536.0 { floor / 65536.0 } else { 0.0 };
     }
 }
 
-fn normalise(probs: &mut [f32]) {
-    let sum: f32 = probs.iter().sum();
+/// Scale the probabilities of `support` (the only non-zero ones) to sum to 1.
+fn normalise(probs: &mut [f32], support: &[usize]) {
+    let sum: f32 = support.iter().map(|&t| probs[t]).sum();
     if sum > 0.0 {
-        probs.iter_mut().for_each(|p| *p /= sum);
+        support.iter().for_each(|&t| probs[t] /= sum);
     }
 }
 
-/// Draw a token with the given (unnormalised, non-negative) weights.
+/// Draw a token with the given (unnormalised, non-negative) weights. Only the tokens with
+/// weight are indexed: a truncated row has a few among the whole vocabulary. (NaN and
+/// negative weights are indexed too, so that they are refused.)
 pub fn sample(weights: &[f32], rng: &mut impl Rng) -> Result<u32> {
-    match WeightedIndex::new(weights) {
-        Ok(index) => Ok(index.sample(rng) as u32),
+    let support: Vec<usize> = (0..weights.len()).filter(|&t| weights[t] != 0.0).collect();
+    match WeightedIndex::new(support.iter().map(|&t| weights[t])) {
+        Ok(index) => Ok(support[index.sample(rng)] as u32),
         Err(e) => bail!("cannot sample from this distribution: {e}"),
     }
 }
@@ -179,7 +197,8 @@ mod tests {
         // Few distinct values, so ties are everywhere; one flat tail so top-p runs long.
         let mut probs: Vec<f32> = (0..5000).map(|_| (rng.random_range(0..40) as f32).powi(3)).collect();
         probs.iter_mut().take(1000).for_each(|p| *p = 1.0);
-        normalise(&mut probs);
+        let everything: Vec<usize> = (0..probs.len()).collect();
+        normalise(&mut probs, &everything);
         let mut full: Vec<usize> = (0..probs.len()).collect();
         full.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         for (top_k, top_p) in [(None, Some(0.5)), (None, Some(0.95)), (None, Some(0.999_999)), (Some(7), None), (Some(300), Some(0.9)), (Some(3), Some(0.99))] {
@@ -191,10 +210,20 @@ mod tests {
                     mass >= p
                 }))
                 .map_or(limit, |rank| rank + 1);
-            let got = ranked_head(&probs, top_k, top_p);
-            assert_eq!(got.keep, want, "top_k {top_k:?} top_p {top_p:?}");
-            assert_eq!(&got.tokens[..got.keep], &full[..want], "top_k {top_k:?} top_p {top_p:?}");
+            let got = ranked_head(&probs, &everything, top_k, top_p);
+            assert_eq!(got, &full[..want], "top_k {top_k:?} top_p {top_p:?}");
         }
+    }
+
+    /// A token 40 temperature-scaled nats below the best is dropped; one just above keeps
+    /// its softmax probability (e^-39.9, which f32 holds).
+    #[test]
+    fn negligible_tokens_get_zero_probability() {
+        let p = probabilities(&[0.0, -0.5 * 40.1, -0.5 * 39.9], &sampled(0.5));
+        assert_eq!(p[1], 0.0);
+        let want = (-39.9f32).exp();
+        assert!((p[2] - want).abs() <= want * 1e-5, "{p:?}");
+        assert!(p[0] > 0.999_999, "{p:?}");
     }
 
     #[test]
@@ -212,8 +241,34 @@ mod tests {
         assert_eq!(residual(&[0.5, 0.5], &[0.5, 0.5]), vec![0.5, 0.5]);
     }
 
+    /// Only tokens with weight are drawn, at their rates, whatever their place in the row;
+    /// rows with no weight, a negative or a NaN one are refused.
+    #[test]
+    fn samples_follow_the_weights_of_a_sparse_row() {
+        use rand::{rngs::StdRng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut weights = vec![0.0f32; 1000];
+        weights[17] = 1.0;
+        weights[998] = 3.0;
+        let draws = 20_000;
+        let mut late = 0;
+        for _ in 0..draws {
+            match sample(&weights, &mut rng).unwrap() {
+                998 => late += 1,
+                17 => {}
+                other => panic!("drew token {other}, which has no weight"),
+            }
+        }
+        // 0.75 expected; 5 standard deviations is 0.015.
+        assert!((late as f64 / draws as f64 - 0.75).abs() < 0.015, "{late} of {draws}");
+        assert!(sample(&[0.0, 0.0], &mut rng).is_err());
+        assert!(sample(&[1.0, -0.5], &mut rng).is_err());
+        assert!(sample(&[1.0, f32::NAN], &mut rng).is_err());
+    }
+
     #[test]
     fn argmax_takes_the_first_of_ties() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
     }
 }
+

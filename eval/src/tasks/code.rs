@@ -38,6 +38,12 @@ pub fn extract_code(response: &str, entry_point: Option<&str>) -> String {
     blocks.into_iter().next().unwrap_or_else(|| response.to_string())
 }
 
+/// The code a response commits to: its extracted code, trimmed, unless there is none.
+pub fn committed_code(response: &str) -> Option<String> {
+    let code = extract_code(response, None);
+    (!code.trim().is_empty()).then(|| code.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

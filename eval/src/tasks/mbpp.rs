@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{code::extract_code, TaskAdapter};
+use super::{code::{committed_code, extract_code}, TaskAdapter};
 use crate::sandbox::Sandbox;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -101,8 +101,7 @@ impl TaskAdapter for MbppTests {
     }
 
     fn extract_answer(&self, response: &str) -> Option<String> {
-        let code = extract_code(response, None);
-        (!code.trim().is_empty()).then(|| code.trim().to_string())
+        committed_code(response)
     }
 
     /// Code in a closed fence: a response cut off inside its block commits to nothing.
