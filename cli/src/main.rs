@@ -5,12 +5,12 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use verdict::{
-    config::{Config, ProposerKind},
-    engine::{generate, Engine, LoadedModels, Prompt},
+    assembly::configured_engine,
+    config::Config,
+    engine::{generate, LoadedModels, Prompt},
     kernels::{ForwardThread, QuantKernel},
     metrics::Metrics,
     models::{self, KNOWN_MODELS},
-    sv::policy::KeepsLearning,
 };
 use verdict_cli::{
     bench::{self, BenchOptions, Mode},
@@ -511,61 +511,12 @@ fn head_cost_command(config: &Config, formats: &[WeightFormat], context: usize, 
     Ok(())
 }
 
-/// The engine the config asks for (speculative with its judge stack, or plain), and its
-/// proposer's verify-length policy when it has one.
-async fn build_engine(
-    config: &Config,
-    models: &LoadedModels,
-    metrics: Arc<Metrics>,
-) -> Result<(Engine, Option<Arc<dyn KeepsLearning>>)> {
-    let s = &config.speculative;
-    if s.enabled {
-        let stack = models.configured_stack(config)?;
-        match s.proposer {
-            ProposerKind::DraftModel => match models.draft_model_policy(config, &config.eagle_drafting())? {
-                Some(policy) => {
-                    let engine =
-                        Engine::speculative_under(models, policy.clone(), s.gamma, stack, s.seed, metrics, &config.server)
-                            .await?;
-                    Ok((engine, Some(policy)))
-                }
-                None => Ok((Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await?, None)),
-            },
-            ProposerKind::Eagle => {
-                let proposer = models.eagle_proposer(config)?;
-                let engine =
-                    Engine::with_proposer(models, proposer.clone(), s.gamma, stack, s.seed, metrics, &config.server)
-                        .await?;
-                Ok((engine, Some(proposer)))
-            }
-            ProposerKind::Ngram => {
-                let proposer = models.ngram_proposer(config)?;
-                let engine =
-                    Engine::with_proposer(models, proposer.clone(), s.ngram_gamma, stack, s.seed, metrics, &config.server)
-                        .await?;
-                Ok((engine, Some(proposer)))
-            }
-            ProposerKind::NgramEagle => {
-                let drafting = config.eagle_drafting();
-                let head = models.eagle_head(config, None, &drafting)?;
-                let proposer = models.combined_proposer(config, head, s.gamma, &drafting)?;
-                let gamma = proposer.proposer().gamma();
-                let engine =
-                    Engine::with_proposer(models, proposer.clone(), gamma, stack, s.seed, metrics, &config.server).await?;
-                Ok((engine, Some(proposer)))
-            }
-        }
-    } else {
-        Ok((Engine::plain(models, &config.server).await, None))
-    }
-}
-
 fn serve(config: &Config, port: Option<u16>) -> Result<()> {
     let models = LoadedModels::load(config)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
-        let (engine, proposer) = build_engine(config, &models, metrics.clone()).await?;
+        let (engine, proposer) = configured_engine(config, &models, metrics.clone()).await?;
         let options = server::ServeOptions::from_config(config, engine.rule.is_some());
         let router = server::router(&engine, metrics, &options).await?;
         let addr = SocketAddr::new(config.server.host, port.unwrap_or(config.server.port));
@@ -584,7 +535,7 @@ fn generate_once(config: &Config, prompt: &str, raw: bool) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
-        let (engine, _) = build_engine(config, &models, metrics.clone()).await?;
+        let (engine, _) = configured_engine(config, &models, metrics.clone()).await?;
         let prompt = if raw { Prompt::Text(prompt.into()) } else { Prompt::Chat(prompt.into()) };
         let g = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
         engine.settle().await;

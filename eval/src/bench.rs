@@ -28,14 +28,15 @@ use crate::{
     sandbox::SandboxLimits,
 };
 use verdict::{
+    proposers::scored::ScoredProposer,
+    verify_latency::VerifyLatency,
     config::{Config, EagleDrafting, COMBINED_MODE_PREFIX, DRAFT_SV_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
     proposers::{combined::ChoiceCounts, draft_model::DraftModelProposer, eagle_proposer::EagleProposer},
     sv::{
-        latency::VerifyLatency,
-        policy::{ScoredProposer, VerifyPolicy},
+        policy::VerifyPolicy,
     },
 };
 

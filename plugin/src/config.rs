@@ -14,11 +14,11 @@ use serde::Deserialize;
 use verdict_heads::{ModelFingerprint, WeightFormat};
 
 use crate::{
+    verify_latency::VerifyLatency,
     judge::JudgeStack,
     judges::{build_stack, parse_stack, LoadedFingerprints},
     rules::BaseRule,
     sv::{
-        latency::VerifyLatency,
         latency_store::LatencyStore,
         learned_latency::{LearnedLatency, DEFAULT_MEMORY, DEFAULT_PRIOR_WEIGHT},
         schedule::{GoodputOptions, Search},
@@ -339,7 +339,7 @@ impl SvConfig {
     /// generic shape learning starts from.
     fn configured_latency(&self) -> Result<VerifyLatency> {
         if self.verify_ms.is_empty() && self.learns_verify_ms() {
-            return Ok(LearnedLatency::generic_prior());
+            return Ok(VerifyLatency::generic_prior());
         }
         VerifyLatency::fit(&self.verify_ms).with_context(|| {
             format!(

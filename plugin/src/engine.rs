@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 use verdict_heads::ModelFingerprint;
 
 use crate::{
+    proposers::scored::ScoredProposer,
     accept::VerdictRule,
     config::{Config, EagleDrafting, Isq, ProposerKind, SamplingConfig, ServerConfig},
     fingerprint::fingerprint,
@@ -34,7 +35,7 @@ use crate::{
         timed::TimedProposer,
     },
     sv::{
-        policy::{PolicySettings, ScoredProposer, VerifyPolicy},
+        policy::{PolicySettings, VerifyPolicy},
         verify_budget::VerifyBudget,
     },
 };

@@ -7,6 +7,7 @@
 //! [`judge::JudgeStack::decide`].
 
 pub mod accept;
+pub mod assembly;
 pub mod config;
 pub mod distribution;
 pub mod divergence;
@@ -23,6 +24,7 @@ pub mod rules;
 pub mod step_view;
 pub mod sv;
 pub mod tiny_model;
+pub mod verify_latency;
 
 pub use accept::VerdictRule;
 pub use config::Config;

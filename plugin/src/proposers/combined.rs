@@ -25,10 +25,8 @@ use super::{
     eagle_proposer::EagleProposer,
     ngram::{LookupKeepRates, NgramProposer},
 };
-use crate::sv::{
-    latency::VerifyLatency,
-    policy::{propose_alone, propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
-};
+use super::scored::{propose_alone, propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer};
+use crate::verify_latency::VerifyLatency;
 
 /// A step's expected tokens per ms with the first `k` of drafts whose chained keep
 /// chances are `gains` (gain i: drafts 0..=i all kept).

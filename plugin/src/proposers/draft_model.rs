@@ -18,7 +18,7 @@ use std::{collections::HashMap, sync::Mutex, time::Instant};
 use candle_core::{DType, Device, Result, Tensor, D};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 
-use crate::sv::policy::{propose_alone, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
+use super::scored::{propose_alone, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
 
 /// After this many steps in a row without drafting, a sequence drafts again to see whether
 /// its drafts pay now.
@@ -174,7 +174,7 @@ mod tests {
     use mistralrs_core::speculative_hook::DraftModelRows;
 
     use super::*;
-    use crate::sv::policy::DraftEverything;
+    use crate::proposers::scored::DraftEverything;
 
     const VOCAB: usize = 4;
 
@@ -207,7 +207,7 @@ mod tests {
         fn keep_chances(&self, scores: &[f32]) -> Vec<f32> {
             scores.to_vec()
         }
-        fn latency(&self) -> crate::sv::latency::VerifyLatency {
+        fn latency(&self) -> crate::verify_latency::VerifyLatency {
             DraftEverything.latency()
         }
         fn worth_drafting(&self, _request: usize, scores: &[f32]) -> bool {

@@ -17,12 +17,12 @@ use verdict_heads::{Eagle3Head, ModelFingerprint, WeightFormat};
 
 pub use super::embeddings::target_embeddings;
 use super::{
+    scored::{propose_alone, propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
     eagle::{commit_together, draft_together, sure_enough, Commit, DraftSampler, SequenceDrafter, TokenEmbeddings},
     head_prefix_cache::HeadPrefixCache,
 };
 use crate::{
     models::ModelSource,
-    sv::policy::{propose_alone, propose_unpriced, DraftPricing, RequestsOf, ScoredDrafts, ScoredProposer},
 };
 
 pub struct EagleProposer {
@@ -101,7 +101,7 @@ impl EagleProposer {
 
     /// Let a batched verify feed the target each sequence's own rows only (the default), or
     /// pad every sequence's rows to the widest (`false`, for comparing the two). A verify
-    /// budget should price rows the same way ([`crate::sv::verify_budget::VerifyBudget::padded`]).
+    /// budget should price rows the same way (the verify budget's `padded`).
     pub fn with_packed_verify_rows(mut self, packed: bool) -> Self {
         self.packed_verify_rows = packed;
         self

@@ -9,4 +9,5 @@ pub mod embeddings;
 pub mod eagle_proposer;
 pub mod head_prefix_cache;
 pub mod ngram;
+pub mod scored;
 pub mod timed;

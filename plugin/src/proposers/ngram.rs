@@ -18,7 +18,7 @@ use candle_core::{Device, Result, Tensor};
 use mistralrs_core::speculative_hook::{DraftRequest, Proposer, TargetFeatures};
 use serde::Serialize;
 
-use crate::sv::policy::{kept_drafts, propose_alone, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
+use super::scored::{kept_drafts, propose_alone, propose_unpriced, DraftPricing, ScoredDrafts, ScoredProposer};
 
 /// The logit of every token but the drafted one: exp() of it is 0 in f32 at any temperature
 /// a sampler divides by, and it stays finite so divergences never meet inf − inf.

@@ -15,7 +15,8 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use verdict_heads::{compute_pool::compute_threads, ModelFingerprint};
 
-use super::{latency::VerifyLatency, learned_latency::LearnedLatency};
+use super::learned_latency::LearnedLatency;
+use crate::verify_latency::VerifyLatency;
 
 /// Samples between saves while decoding (a few hundred bytes every ≈ 10 s of steps).
 pub const SAVE_EVERY_SAMPLES: u64 = 64;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{ensure, Result};
 
-use super::latency::VerifyLatency;
+use crate::verify_latency::VerifyLatency;
 
 /// A weighted mean whose old samples fade.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -67,15 +67,9 @@ impl LearnedLatency {
         Ok(Self { current: prior.clone(), prior, prior_weight, memory, scale: Fading::default(), by_rows: BTreeMap::new(), samples: 0 })
     }
 
-    /// Where learning starts with no table: a one-row verify of 50 ms and 15 % more per
-    /// further row (a CPU's shape; the first samples rescale it to the machine).
-    pub fn generic_prior() -> VerifyLatency {
-        VerifyLatency::linear(50.0, 7.5)
-    }
-
-    /// Learning from [`Self::generic_prior`] with the default weights.
+    /// Learning from [`VerifyLatency::generic_prior`] with the default weights.
     pub fn without_prior() -> Self {
-        Self::new(Self::generic_prior(), DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY).expect("valid defaults")
+        Self::new(VerifyLatency::generic_prior(), DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY).expect("valid defaults")
     }
 
     /// A step whose verify had `rows` rows took `ms` milliseconds.

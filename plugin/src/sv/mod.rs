@@ -5,7 +5,7 @@
 //! The pieces, each pure and tested on hand values: the indicators S and A a companion gives
 //! for each draft ([`indicators`]), the table that turns them into the target's acceptance
 //! probability β, fitted on profiling runs ([`table`]), the verify forward's cost T_v(n)
-//! measured on this machine ([`latency`]) or learned while decoding ([`learned_latency`],
+//! measured on this machine ([`crate::verify_latency`]) or learned while decoding ([`learned_latency`],
 //! kept across restarts by [`latency_store`]),
 //! and the goodput-greedy choice of how many drafts each sequence verifies, alone or in a
 //! batch ([`schedule`]); [`verify_budget`] prices that choice with the proposer's own
@@ -14,7 +14,6 @@
 
 pub mod indicators;
 pub mod keep_rates;
-pub mod latency;
 pub mod latency_store;
 pub mod learned_latency;
 pub mod policy;

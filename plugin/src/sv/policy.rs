@@ -22,99 +22,14 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     keep_rates::KeepRates,
-    latency::VerifyLatency,
     latency_store::{LatencyStore, SAVE_EVERY_SAMPLES},
     learned_latency::LearnedLatency,
     verify_budget::VerifyBudget,
 };
-
-/// A proposal whose drafts carry scores: `scores[i]` is the proposer's estimate, known
-/// before draft i was drawn, that the target keeps it given that it keeps the ones before.
-pub struct ScoredDrafts {
-    pub tokens: Vec<u32>,
-    /// `[tokens, vocab]`: the distribution each draft was drawn from.
-    pub logits: Tensor,
-    pub scores: Vec<f32>,
-}
-
-/// What the policy tells a proposer while it drafts.
-pub trait DraftPricing {
-    /// The chance each draft of these scores is kept, as the policy prices it.
-    fn keep_chances(&self, scores: &[f32]) -> Vec<f32>;
-    /// T_v as the policy prices verify rows now.
-    fn latency(&self) -> VerifyLatency;
-    /// Whether request `request` of the draft call should draft the last of `scores` (the
-    /// drafts before it first). A proposer stops that sequence's chain at the first no.
-    fn worth_drafting(&self, request: usize, scores: &[f32]) -> bool;
-}
-
-/// Pricing without a policy: scores taken as they are, every draft worth drafting.
-pub struct DraftEverything;
-
-impl DraftPricing for DraftEverything {
-    fn keep_chances(&self, scores: &[f32]) -> Vec<f32> {
-        scores.to_vec()
-    }
-    fn latency(&self) -> VerifyLatency {
-        LearnedLatency::generic_prior()
-    }
-    fn worth_drafting(&self, _request: usize, _scores: &[f32]) -> bool {
-        true
-    }
-}
-
-/// A draft call's pricing for some of its requests, drafted as a call of their own:
-/// request `i` of that call is request `requests[i]` of the whole.
-pub struct RequestsOf<'a> {
-    pub pricing: &'a dyn DraftPricing,
-    pub requests: Vec<usize>,
-}
-
-impl DraftPricing for RequestsOf<'_> {
-    fn keep_chances(&self, scores: &[f32]) -> Vec<f32> {
-        self.pricing.keep_chances(scores)
-    }
-    fn latency(&self) -> VerifyLatency {
-        self.pricing.latency()
-    }
-    fn worth_drafting(&self, request: usize, scores: &[f32]) -> bool {
-        self.pricing.worth_drafting(self.requests[request], scores)
-    }
-}
-
-/// A proposer a [`VerifyPolicy`] can wrap.
-pub trait ScoredProposer: Proposer {
-    /// Draft for `requests` as [`Proposer::propose_batch`] does, each draft scored, each
-    /// sequence's chain stopping where `pricing` says one more draft is not worth it.
-    fn propose_scored(&self, requests: &mut [DraftRequest<'_>], pricing: &dyn DraftPricing) -> Result<Vec<ScoredDrafts>>;
-
-    /// The target verifies only the first `verified` drafts of `seq_id`'s last proposal
-    /// (a proposer learning from its drafts' fates must not count the others refused).
-    fn verifies(&self, _seq_id: usize, _verified: usize) {}
-
-    /// What making one draft costs, in milliseconds, where it is dear enough to price
-    /// apart from the verify (a draft model's forward). `None`: drafting is nearly free,
-    /// and the policy's learned T_v takes it in with the verify.
-    fn draft_ms(&self) -> Option<f64> {
-        None
-    }
-}
-
-/// [`Proposer::propose`] as a batch of one request (a proposer drafting its batches itself).
-pub fn propose_alone(
-    proposer: &dyn Proposer,
-    seq_id: usize,
-    gamma: usize,
-    sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
-) -> Result<(Vec<u32>, Tensor)> {
-    let mut drafted = proposer.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
-    Ok(drafted.pop().expect("one request, one answer"))
-}
-
-/// [`Proposer::propose_batch`] of a scored proposer drafting without a policy.
-pub fn propose_unpriced(proposer: &dyn ScoredProposer, requests: &mut [DraftRequest<'_>]) -> Result<Vec<(Vec<u32>, Tensor)>> {
-    Ok(proposer.propose_scored(requests, &DraftEverything)?.into_iter().map(|d| (d.tokens, d.logits)).collect())
-}
+use crate::{
+    proposers::scored::{kept_drafts, propose_alone, DraftPricing, ScoredProposer},
+    verify_latency::VerifyLatency,
+};
 
 /// What became of one verified draft: its score, its place in the step's chain, and
 /// whether the target kept it. Drafts after a step's first refusal are not recorded: their
@@ -250,7 +165,7 @@ impl<P: ScoredProposer> VerifyPolicy<P> {
         match (&self.learned_latency, &self.budget) {
             (Some(learned), _) => lock(learned).current().clone(),
             (None, Some(budget)) => budget.latency.clone(),
-            (None, None) => LearnedLatency::generic_prior(),
+            (None, None) => VerifyLatency::generic_prior(),
         }
     }
 
@@ -328,15 +243,6 @@ impl<P: ScoredProposer> VerifyPolicy<P> {
             *state = SequenceState { from: f.tokens.len(), ..SequenceState::default() };
         }
     }
-}
-
-/// How many of `drafts`, drafted from sequence position `from`, the target kept, now that the
-/// sequence holds `tokens`: draft i sat at `from + i` and was kept when the token there is it
-/// and is not the last one (the step's own correction or bonus).
-pub fn kept_drafts(drafts: &[u32], from: usize, tokens: &[u32]) -> usize {
-    let committed = tokens.get(from..).unwrap_or(&[]);
-    let kept = drafts.iter().zip(committed).take_while(|(d, c)| d == c).count();
-    kept.min(committed.len().saturating_sub(1))
 }
 
 /// The fates of a sequence's last verified drafts, read from its tokens now: the kept ones,
@@ -498,7 +404,8 @@ mod tests {
     use super::*;
     use crate::{
         proposers::eagle_proposer::EagleProposer,
-        sv::{latency::VerifyLatency, schedule::GoodputOptions},
+        sv::schedule::GoodputOptions,
+        verify_latency::VerifyLatency,
     };
 
     const HIDDEN: usize = 16;

@@ -18,7 +18,8 @@
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{latency::VerifyLatency, table::AcceptanceTable};
+use super::table::AcceptanceTable;
+use crate::verify_latency::VerifyLatency;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -11,10 +11,10 @@
 //! head trained by cross-entropy on the target's tokens is roughly calibrated to it.
 
 use super::{
-    latency::VerifyLatency,
     schedule::{schedule_batch, GoodputOptions},
     table::AcceptanceTable,
 };
+use crate::verify_latency::VerifyLatency;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct VerifyBudget {

@@ -1,6 +1,6 @@
-//! T_v(n): what the target's verify forward over n rows costs on this machine. SV weighs a
-//! draft's expected gain against the time its row adds; on this CPU the first rows are
-//! nearly free (an 8-row forward costs ≈ 1.7× one), then each costs about the same.
+//! T_v(n): what the target's verify forward over n rows costs on this machine. SV and the
+//! combined proposer weigh a draft's expected gain against the time its row adds; on a CPU
+//! the first rows are nearly free, then each costs about the same.
 //!
 //! Fitted from timings (`verdict forward-cost` measures them): the median per row count,
 //! made non-decreasing (pool adjacent violators: a noisy dip must not make a longer verify
@@ -17,6 +17,12 @@ pub struct VerifyLatency {
 }
 
 impl VerifyLatency {
+    /// Where learning starts with no table: a one-row verify of 50 ms and 15 % more per
+    /// further row (a CPU's shape; the first samples rescale it to the machine).
+    pub fn generic_prior() -> Self {
+        Self::linear(50.0, 7.5)
+    }
+
     /// From (rows, milliseconds) timings, any order, repeats allowed.
     pub fn fit(samples: &[(usize, f64)]) -> Result<Self> {
         ensure!(!samples.is_empty(), "no verify timings to fit T_v on");

@@ -1,0 +1,64 @@
+//! Assembly: the engine a config asks for, built from loaded models. Settings live in
+//! [`crate::config`]; this is the one place that turns them into a judge stack, a proposer
+//! with its verify-length policy, and the [`Engine`] over them (`verdict serve` and
+//! `verdict generate` run what it returns).
+
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use crate::{
+    config::{Config, ProposerKind},
+    engine::{Engine, LoadedModels},
+    metrics::Metrics,
+    sv::policy::KeepsLearning,
+};
+
+/// The engine the config asks for (speculative with its judge stack, or plain), and its
+/// proposer's verify-length policy when it has one.
+pub async fn configured_engine(
+    config: &Config,
+    models: &LoadedModels,
+    metrics: Arc<Metrics>,
+) -> Result<(Engine, Option<Arc<dyn KeepsLearning>>)> {
+    let s = &config.speculative;
+    if s.enabled {
+        let stack = models.configured_stack(config)?;
+        match s.proposer {
+            ProposerKind::DraftModel => match models.draft_model_policy(config, &config.eagle_drafting())? {
+                Some(policy) => {
+                    let engine =
+                        Engine::speculative_under(models, policy.clone(), s.gamma, stack, s.seed, metrics, &config.server)
+                            .await?;
+                    Ok((engine, Some(policy)))
+                }
+                None => Ok((Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await?, None)),
+            },
+            ProposerKind::Eagle => {
+                let proposer = models.eagle_proposer(config)?;
+                let engine =
+                    Engine::with_proposer(models, proposer.clone(), s.gamma, stack, s.seed, metrics, &config.server)
+                        .await?;
+                Ok((engine, Some(proposer)))
+            }
+            ProposerKind::Ngram => {
+                let proposer = models.ngram_proposer(config)?;
+                let engine =
+                    Engine::with_proposer(models, proposer.clone(), s.ngram_gamma, stack, s.seed, metrics, &config.server)
+                        .await?;
+                Ok((engine, Some(proposer)))
+            }
+            ProposerKind::NgramEagle => {
+                let drafting = config.eagle_drafting();
+                let head = models.eagle_head(config, None, &drafting)?;
+                let proposer = models.combined_proposer(config, head, s.gamma, &drafting)?;
+                let gamma = proposer.proposer().gamma();
+                let engine =
+                    Engine::with_proposer(models, proposer.clone(), gamma, stack, s.seed, metrics, &config.server).await?;
+                Ok((engine, Some(proposer)))
+            }
+        }
+    } else {
+        Ok((Engine::plain(models, &config.server).await, None))
+    }
+}
