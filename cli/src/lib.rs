@@ -13,6 +13,7 @@ pub mod model_fetch;
 pub mod op_profile;
 pub mod openai_conventions;
 pub mod plot;
+mod plot_font;
 pub mod plot_load;
 pub mod request_metrics;
 pub mod server;

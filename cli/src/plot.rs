@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use plotters::{coord::Shift, prelude::*};
 use serde::Deserialize;
 
-use crate::paired::PairedStats;
+use crate::{paired::PairedStats, plot_font::register_font};
 
 #[derive(Deserialize)]
 struct Report {
@@ -199,32 +199,6 @@ where
     Ok(())
 }
 
-/// Text in the PNG needs a TrueType font: `$VERDICT_FONT`, else a common system sans font.
-pub(crate) fn register_font() -> Result<()> {
-    static REGISTERED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    if REGISTERED.get().is_some() {
-        return Ok(());
-    }
-    let candidates = std::env::var_os("VERDICT_FONT").map(PathBuf::from).into_iter().chain(
-        [
-            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-            "/usr/share/fonts/TTF/DejaVuSans.ttf",
-            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-            "/Library/Fonts/Arial.ttf",
-        ]
-        .map(PathBuf::from),
-    );
-    let Some(bytes) = candidates.into_iter().find_map(|p| std::fs::read(p).ok()) else {
-        bail!("no TrueType font for the figure's text: install fonts-dejavu-core, or set VERDICT_FONT to a .ttf file");
-    };
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| anyhow::anyhow!("the figure's font is not a TrueType font (VERDICT_FONT?)"))?;
-    REGISTERED.set(()).ok();
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,5 +226,26 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(default_title(&sampled), "HumanEval at temperature 0.7: accuracy cost against speed");
+    }
+
+    fn write(dir: &std::path::Path, name: &str, json: serde_json::Value) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, json.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn reports_are_told_apart_and_bad_ones_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("figure");
+        let empty = write(dir.path(), "empty.json", serde_json::json!({"plain": {"prompts": 32, "max_tokens": 128, "levels": []}}));
+        let err = figure(&empty, &out, None).unwrap_err().to_string();
+        assert!(err.contains("no measured levels"), "{err}");
+        let other = write(dir.path(), "other.json", serde_json::json!({"something": 1}));
+        let err = format!("{:#}", figure(&other, &out, None).unwrap_err());
+        assert!(err.contains("neither a verdict bench report nor a load report"), "{err}");
+        let bench = write(dir.path(), "bench.json", serde_json::json!({"problems": 5, "summary": []}));
+        let err = figure(&bench, &out, None).unwrap_err().to_string();
+        assert!(err.contains("no speculative mode paired with plain"), "{err}");
     }
 }

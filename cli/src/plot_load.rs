@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use plotters::{coord::Shift, prelude::*};
 use serde::Deserialize;
 
-use crate::plot::register_font;
+use crate::plot_font::register_font;
 
 /// A load report: each label's levels.
 pub type LoadReport = BTreeMap<String, LoadRun>;
@@ -83,30 +83,4 @@ where
         .draw()?;
     root.present()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::plot::figure;
-
-    fn write(dir: &std::path::Path, name: &str, json: serde_json::Value) -> std::path::PathBuf {
-        let path = dir.join(name);
-        std::fs::write(&path, json.to_string()).unwrap();
-        path
-    }
-
-    #[test]
-    fn reports_are_told_apart_and_bad_ones_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("figure");
-        let empty = write(dir.path(), "empty.json", serde_json::json!({"plain": {"prompts": 32, "max_tokens": 128, "levels": []}}));
-        let err = figure(&empty, &out, None).unwrap_err().to_string();
-        assert!(err.contains("no measured levels"), "{err}");
-        let other = write(dir.path(), "other.json", serde_json::json!({"something": 1}));
-        let err = format!("{:#}", figure(&other, &out, None).unwrap_err());
-        assert!(err.contains("neither a verdict bench report nor a load report"), "{err}");
-        let bench = write(dir.path(), "bench.json", serde_json::json!({"problems": 5, "summary": []}));
-        let err = figure(&bench, &out, None).unwrap_err().to_string();
-        assert!(err.contains("no speculative mode paired with plain"), "{err}");
-    }
 }

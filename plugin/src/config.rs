@@ -16,7 +16,7 @@ use verdict_heads::{ModelFingerprint, WeightFormat};
 use crate::{
     verify_latency::VerifyLatency,
     judge::JudgeStack,
-    judges::{build_stack, parse_stack, LoadedFingerprints},
+    judges::{build_stack, parse_stack, JudgeConfig, LoadedFingerprints},
     rules::BaseRule,
     sv::{
         latency_store::LatencyStore,
@@ -492,20 +492,6 @@ impl ServerConfig {
     pub fn prefix_cache_bytes(&self) -> Option<usize> {
         (self.prefix_cache_mb > 0).then_some(self.prefix_cache_mb << 20)
     }
-}
-
-/// One `[[judge]]` table. The parameters depend on `kind`.
-#[derive(Clone, Debug, Deserialize)]
-pub struct JudgeConfig {
-    pub kind: String,
-    #[serde(default = "enabled_by_default")]
-    pub enabled: bool,
-    #[serde(flatten)]
-    pub params: toml::Table,
-}
-
-fn enabled_by_default() -> bool {
-    true
 }
 
 impl Config {

@@ -4,10 +4,15 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use verdict_heads::ModelFingerprint;
 
-use crate::{engine::SharedPipeline, models::ModelSource};
+use std::sync::Arc;
+
+use mistralrs_core::Pipeline;
+use tokio::sync::Mutex;
+
+use crate::models::ModelSource;
 
 /// Architecture, sizes and tokenizer hash of a loaded model.
-pub fn fingerprint(pipeline: &SharedPipeline, source: &ModelSource) -> Result<ModelFingerprint> {
+pub fn fingerprint(pipeline: &Arc<Mutex<dyn Pipeline + Send + Sync>>, source: &ModelSource) -> Result<ModelFingerprint> {
     let pipeline = pipeline.blocking_lock();
     let metadata = pipeline.get_metadata();
     let config = metadata

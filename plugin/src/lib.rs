@@ -23,6 +23,7 @@ pub mod proposers;
 pub mod rules;
 pub mod step_view;
 pub mod sv;
+#[cfg(any(test, feature = "test-support"))]
 pub mod tiny_model;
 pub mod verify_latency;
 

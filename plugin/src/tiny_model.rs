@@ -1,5 +1,6 @@
-//! Tiny random-weight Llama and Qwen2 models written as safetensors folders, so tests and
-//! examples exercise the real mistral.rs loaders and forwards without any download.
+//! Tiny random-weight Llama and Qwen2 models written as safetensors folders, so tests
+//! exercise the real mistral.rs loaders and forwards without any download. Compiled only
+//! for tests (the `test-support` feature), never into a deployment.
 
 use std::{collections::HashMap, path::Path};
 

@@ -26,7 +26,7 @@ use verdict::{
 };
 
 use crate::{
-    autojudge_head::FeatureModels,
+    feature_models::FeatureModels,
     miner::{Continuation, MiningEngine, TopTokens},
     pad_mine::RolloutEngine,
 };

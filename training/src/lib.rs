@@ -15,6 +15,7 @@ pub mod eagle_mine;
 pub mod eagle_pipeline;
 pub mod eagle_replay;
 pub mod engine;
+pub mod feature_models;
 pub mod features;
 pub mod fit;
 pub mod labels;

@@ -23,7 +23,8 @@ use verdict_eval::{
 };
 use verdict_heads::FeatureSpec;
 use verdict_training::{
-    autojudge_head::{fit_autojudge_head, FeatureModels, LabelSet},
+    autojudge_head::{fit_autojudge_head, LabelSet},
+    feature_models::FeatureModels,
     eagle_fit::EagleFitOptions,
     eagle_mine::EagleMiningEngine,
     eagle_pipeline::{replay_held_out, train_eagle, EaglePlan},

@@ -14,7 +14,7 @@ use mistralrs_core::hidden_capture::CaptureRequest;
 use verdict::divergence::{entropy, log_softmax};
 
 use crate::{
-    autojudge_head::FeatureModels,
+    feature_models::FeatureModels,
     engine::{MistralEngines, Model},
     features::{feature_path, last_row, save_atomically},
     pad_fit::{fit_pivot_mlp, PadFitOptions, PivotSample},

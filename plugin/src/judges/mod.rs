@@ -22,11 +22,24 @@ pub use fsd::{Fsd, FsdConfig, FsdMode};
 pub use pad::{Pad, PadConfig};
 
 use crate::{
-    config::JudgeConfig,
     judge::{Judge, JudgeStack},
     models::ModelSource,
     rules::BaseRule,
 };
+
+/// One `[[judge]]` table. The parameters depend on `kind`.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct JudgeConfig {
+    pub kind: String,
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+    #[serde(flatten)]
+    pub params: toml::Table,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
 
 /// Judge kinds this build knows, as written in `kind = "..."`.
 pub const KNOWN_JUDGES: &[&str] = &["fsd", "dropmatch", "autojudge", "pad", "fly"];
