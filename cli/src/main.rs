@@ -101,10 +101,12 @@ enum Command {
         /// lengths. Tokens/s is then a batch throughput.
         #[arg(long, default_value_t = 1)]
         batch: usize,
-        /// Comma-separated: plain, exact, rejection, config (the top-level [[judge]] stack),
-        /// names of [[stack]] tables in the config, `eagle:<stack>` (drafts from the EAGLE
-        /// head), or plain-again (plain decoding after every other mode of each problem; its
-        /// texts equal plain's unless state leaks between engines).
+        /// Comma-separated: names of [[mode]] tables in the config (each spells out what
+        /// drafts, with which head and options, under which stack), or the mode grammar:
+        /// plain, exact, rejection, config (the top-level [[judge]] stack), names of [[stack]]
+        /// tables, `eagle:<stack>` (drafts from the EAGLE head), `ngram:<stack>`, or
+        /// plain-again (plain decoding after every other mode of each problem; its texts
+        /// equal plain's unless state leaks between engines). Grammar: docs/benchmarking.md.
         #[arg(long, value_delimiter = ',', default_value = "plain,exact,rejection")]
         modes: Vec<Mode>,
         /// Folder holding <split>.jsonl (default: $VERDICT_GSM8K, else the copy `verdict
@@ -355,7 +357,7 @@ fn main() -> Result<()> {
                 split,
                 sandbox_python: sandbox_python.unwrap_or_else(verdict_eval::sandbox::Sandbox::default_python),
                 subset: Subset { ids, offset, limit },
-                modes,
+                modes: bench::resolve_modes(&config, &modes),
                 out: out.clone(),
                 explain_divergences: !no_divergences,
                 batch,

@@ -30,7 +30,7 @@ use crate::{
 use verdict::{
     proposers::scored::ScoredProposer,
     verify_latency::VerifyLatency,
-    config::{Config, EagleDrafting, COMBINED_MODE_PREFIX, DRAFT_SV_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
+    config::{Config, EagleDrafting, ModeConfig, COMBINED_MODE_PREFIX, DRAFT_SV_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
     engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
@@ -195,6 +195,41 @@ pub fn mode_drafting(config: &Config, mode: &Mode) -> Result<EagleDrafting> {
         drafting.learn_keep_rates = config.sv.learns_keep_rates_by_default(drafting.sv, !mode.is_lossless());
     }
     Ok(drafting)
+}
+
+/// The modes `names` stand for: a `[[mode]]` table's name spelled out in the bench's mode
+/// grammar (`ngram+eagle@general-sv:exact`), which reports and checkpoints key runs by, so
+/// a named mode resumes the runs of the same mode written out; any other name as it is.
+pub fn resolve_modes(config: &Config, names: &[Mode]) -> Vec<Mode> {
+    names
+        .iter()
+        .map(|name| match config.modes.iter().find(|m| m.name == name.0) {
+            Some(table) => {
+                let mode = Mode(spelled_out(table));
+                tracing::info!("mode {} runs {}", name.0, mode.0);
+                mode
+            }
+            None => name.clone(),
+        })
+        .collect()
+}
+
+/// A `[[mode]]` table in the mode grammar (the config checked its fields).
+fn spelled_out(table: &ModeConfig) -> String {
+    let stack = table.stack.as_deref().unwrap_or("exact");
+    let with_head = |prefix: &str| {
+        let head = table.head.as_ref().map_or(String::new(), |h| format!("@{h}"));
+        let options: String = table.options.iter().map(|o| format!("-{o}")).collect();
+        format!("{prefix}{}{head}{options}:{stack}", EAGLE_MODE_PREFIX.trim_end_matches(':'))
+    };
+    match table.proposer.as_str() {
+        "plain" => Mode::plain().0,
+        "draft-model" => stack.to_string(),
+        "draft-model-sv" => format!("{DRAFT_SV_MODE_PREFIX}{stack}"),
+        "ngram" => format!("{NGRAM_MODE_PREFIX}{stack}"),
+        "eagle" => with_head(""),
+        _ => with_head(COMBINED_MODE_PREFIX),
+    }
 }
 
 impl FromStr for Mode {
@@ -1202,6 +1237,55 @@ mod tests {
     use verdict_heads::WeightFormat;
 
     use super::*;
+
+    /// `[[mode]]` names spell out as the mode grammar, so named modes run (and resume) the
+    /// same modes as written out; other names pass as they are.
+    #[test]
+    fn named_modes_spell_out_as_the_mode_grammar() {
+        let config = Config::from_toml(
+            r#"
+[models]
+target = "t"
+[speculative]
+proposer = "eagle"
+eagle_head = "h"
+eagle_heads = { general = "g" }
+[[stack]]
+name = "lenient"
+[[mode]]
+name = "lookup+head"
+proposer = "ngram+eagle"
+head = "general"
+stack = "rejection"
+[[mode]]
+name = "head-sv"
+proposer = "eagle"
+options = ["sv", "q4k"]
+[[mode]]
+name = "lookup"
+proposer = "ngram"
+stack = "lenient"
+[[mode]]
+name = "draft"
+proposer = "draft-model"
+[[mode]]
+name = "draft-sv"
+proposer = "draft-model-sv"
+[[mode]]
+name = "target"
+proposer = "plain"
+"#,
+        )
+        .unwrap();
+        let names: Vec<Mode> = ["lookup+head", "head-sv", "lookup", "draft", "draft-sv", "target", "eagle:exact"].iter().map(|n| n.parse().unwrap()).collect();
+        let resolved: Vec<String> = resolve_modes(&config, &names).into_iter().map(|m| m.0).collect();
+        assert_eq!(resolved, ["ngram+eagle@general:rejection", "eagle-sv-q4k:exact", "ngram:lenient", "exact", "draft-sv:exact", "plain", "eagle:exact"]);
+        // The spelled-out modes parse as the grammar means them.
+        let head_sv = Mode(resolved[1].clone());
+        assert!(head_sv.drafts_with_eagle() && head_sv.stack_name() == "exact");
+        let lookup_head = Mode(resolved[0].clone());
+        assert!(lookup_head.combines_lookup_and_head() && lookup_head.eagle_head_name() == Some("general"));
+    }
 
     #[test]
     fn eagle_modes_name_their_stack_and_how_the_head_drafts() {

@@ -46,10 +46,36 @@ pub struct Config {
     /// `[[stack]]` tables: named judge stacks `verdict bench --modes` can compare.
     #[serde(default, rename = "stack")]
     pub stacks: Vec<StackConfig>,
+    /// `[[mode]]` tables: bench modes by name, each spelled out (what drafts, with which
+    /// head and options, under which stack); `verdict bench --modes` lists their names.
+    #[serde(default, rename = "mode")]
+    pub modes: Vec<ModeConfig>,
     /// The config file's folder; head paths are relative to it.
     #[serde(skip, default = "current_dir")]
     pub base_dir: PathBuf,
 }
+
+/// A named bench mode: `[[mode]]` with `name`, `proposer`, and optionally `head`, `stack`
+/// and `options`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeConfig {
+    pub name: String,
+    /// What drafts: one of [`MODE_PROPOSERS`].
+    pub proposer: String,
+    /// The EAGLE head, by its `speculative.eagle_heads` name (default: `eagle_head`).
+    pub head: Option<String>,
+    /// The judge stack: `exact`, `rejection`, `config` or a `[[stack]]` name (default
+    /// `exact`; ignored by `plain`).
+    pub stack: Option<String>,
+    /// How the EAGLE head drafts, as the bench's mode options: `"sv"`, `"q4k"`, `"g6"`, …
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+/// What a `[[mode]]` may draft with: the target alone, the draft model (optionally under
+/// SV), the EAGLE head, prompt lookup, or prompt lookup with the head.
+pub const MODE_PROPOSERS: &[&str] = &["plain", "draft-model", "draft-model-sv", "eagle", "ngram", "ngram+eagle"];
 
 fn current_dir() -> PathBuf {
     PathBuf::from(".")
@@ -740,6 +766,52 @@ impl Config {
             }
             parse_stack(&stack.judges, &format!("stack[{i}].judge"))?;
         }
+        self.validate_modes()
+    }
+
+    /// `[[mode]]` tables: unique names that are no built-in mode or stack, a known proposer,
+    /// a head that exists, a stack that exists, options only where a head drafts.
+    fn validate_modes(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, mode) in self.modes.iter().enumerate() {
+            let at = format!("mode[{i}] ({:?})", mode.name);
+            if mode.name.is_empty() || mode.name.contains([',', ' ']) {
+                bail!("{at}: a mode name is not empty and has no commas or spaces (--modes lists names)");
+            }
+            if BUILTIN_MODES.contains(&mode.name.as_str()) || self.stacks.iter().any(|s| s.name == mode.name) {
+                bail!("{at}: the name is a built-in mode or a [[stack]]'s; pick another");
+            }
+            if !seen.insert(mode.name.as_str()) {
+                bail!("{at}: the name is used twice");
+            }
+            if !MODE_PROPOSERS.contains(&mode.proposer.as_str()) {
+                bail!("{at}: proposer = {:?} is not one of {}", mode.proposer, MODE_PROPOSERS.join(", "));
+            }
+            let drafts_with_head = mode.proposer.ends_with("eagle");
+            if let Some(head) = &mode.head {
+                if !drafts_with_head {
+                    bail!("{at}: head = {head:?}, but proposer {:?} drafts with no EAGLE head", mode.proposer);
+                }
+                if !self.speculative.eagle_heads.contains_key(head) {
+                    let known: Vec<&String> = self.speculative.eagle_heads.keys().collect();
+                    bail!("{at}: head = {head:?} is not in speculative.eagle_heads (known: {known:?})");
+                }
+            } else if drafts_with_head && self.speculative.eagle_head.is_none() {
+                bail!("{at}: proposer {:?} needs a head: set head, or speculative.eagle_head", mode.proposer);
+            }
+            if !mode.options.is_empty() && !drafts_with_head {
+                bail!("{at}: options {:?} are the EAGLE head's; proposer {:?} has none", mode.options, mode.proposer);
+            }
+            if let Some(bad) = mode.options.iter().find(|o| o.is_empty() || o.contains([':', '-', '@'])) {
+                bail!("{at}: option {bad:?} is one word such as \"sv\" or \"q4k\"");
+            }
+            if let Some(stack) = &mode.stack {
+                let known = ["exact", "rejection", "config"].contains(&stack.as_str()) || self.stacks.iter().any(|s| &s.name == stack);
+                if !known {
+                    bail!("{at}: stack = {stack:?} is neither exact, rejection, config nor a [[stack]] name");
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -747,6 +819,31 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bad `[[mode]]` tables are refused, naming the mode and the bad value.
+    #[test]
+    fn bad_mode_tables_are_refused_by_name() {
+        let base = "[models]\ntarget = \"t\"\n[speculative]\nproposer = \"ngram\"\neagle_heads = { general = \"g\" }\n[[stack]]\nname = \"lenient\"\n";
+        let refused = |mode: &str, named: &[&str]| {
+            let err = format!("{:#}", Config::from_toml(&format!("{base}[[mode]]\n{mode}")).unwrap_err());
+            for n in named {
+                assert!(err.contains(n), "{mode}: {err}");
+            }
+        };
+        refused("name = \"m\"\nproposer = \"medusa\"", &["mode[0] (\"m\")", "\"medusa\"", "ngram+eagle"]);
+        refused("name = \"m\"\nproposer = \"eagle\"\nhead = \"nope\"", &["\"nope\"", "eagle_heads"]);
+        refused("name = \"m\"\nproposer = \"eagle\"", &["needs a head"]);
+        refused("name = \"m\"\nproposer = \"ngram\"\nhead = \"general\"", &["drafts with no EAGLE head"]);
+        refused("name = \"m\"\nproposer = \"ngram\"\noptions = [\"sv\"]", &["[\"sv\"]"]);
+        refused("name = \"m\"\nproposer = \"ngram\"\nstack = \"strict\"", &["\"strict\""]);
+        refused("name = \"exact\"\nproposer = \"ngram\"", &["built-in"]);
+        refused("name = \"lenient\"\nproposer = \"ngram\"", &["[[stack]]"]);
+        refused("name = \"a,b\"\nproposer = \"ngram\"", &["commas"]);
+        refused("name = \"m\"\nproposer = \"eagle\"\nhead = \"general\"\noptions = [\"g-6\"]", &["\"g-6\""]);
+        refused("name = \"m\"\nproposer = \"ngram\"\n[[mode]]\nname = \"m\"\nproposer = \"ngram\"", &["mode[1]", "twice"]);
+        let fine = format!("{base}[[mode]]\nname = \"m\"\nproposer = \"eagle\"\nhead = \"general\"\nstack = \"lenient\"\noptions = [\"sv\"]");
+        assert_eq!(Config::from_toml(&fine).unwrap().modes[0].name, "m");
+    }
 
     /// Every config the repository ships parses, its judges and stacks checked.
     #[test]
