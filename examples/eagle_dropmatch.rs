@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use verdict::{
     config::Config,
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     metrics::Metrics,
 };
 
@@ -27,7 +27,7 @@ fn main() -> Result<()> {
     tokio::runtime::Runtime::new()?.block_on(async {
         let metrics = Arc::new(Metrics::default());
         let s = &config.speculative;
-        let engine = Engine::with_proposer(&models, head, s.gamma, stack, s.seed, metrics.clone(), 1).await?;
+        let engine = Engine::with_proposer(&models, head, SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics: metrics.clone(), scheduling: Scheduling::from(1) }).await?;
         let answer = generate(&engine.mistralrs, &Prompt::Chat(prompt), &config.sampling).await?;
         engine.settle().await;
         println!("{}", answer.text);

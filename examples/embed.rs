@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use verdict::{
     config::Config,
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -32,14 +32,7 @@ fn main() -> Result<()> {
         let metrics = Arc::new(Metrics::default());
         // Lossless speculative sampling; judges go into `JudgeStack::judges`.
         let stack = JudgeStack::lossless(BaseRule::Rejection);
-        let engine = Engine::speculative(
-            &models,
-            config.speculative.gamma,
-            stack,
-            0,
-            metrics.clone(),
-            1,
-        )
+        let engine = Engine::speculative(&models, SpeculativeSetup { gamma: config.speculative.gamma, stack, seed: 0, metrics: metrics.clone(), scheduling: Scheduling::from(1) })
         .await?;
         // `engine.mistralrs` is a plain `Arc<mistralrs_core::MistralRs>`: hand it to
         // mistralrs-server-core's router, or send `Request`s to it as below.

@@ -18,7 +18,7 @@ use common::{config, spec, tiny_pair};
 use mistralrs_core::{MistralRs, NormalRequest, Request, RequestMessage, Response};
 use verdict::{
     config::SamplingConfig,
-    engine::{generate, sampling_params, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate, sampling_params},
     judge::{Judge, JudgeStack},
     metrics::Metrics,
     rules::BaseRule,
@@ -151,7 +151,7 @@ fn an_error_in_one_sequence_fails_that_sequence_alone() {
                 false => Engine::plain(&models, good.len() + 1).await,
                 true => {
                     let stack = JudgeStack { judges: vec![Box::new(FailsOnPoison)], ..JudgeStack::lossless(BaseRule::Exact) };
-                    Engine::speculative(&models, 3, stack, 0, Arc::new(Metrics::default()), good.len() + 1).await.unwrap()
+                    Engine::speculative(&models, SpeculativeSetup { gamma: 3, stack, seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(good.len() + 1) }).await.unwrap()
                 }
             };
             let mistralrs = engine.mistralrs.clone();

@@ -19,7 +19,7 @@ use common::{
 use mistralrs_core::speculative_hook::{Proposer, StepReport};
 use verdict::{
     config::Config,
-    engine::{generate, Engine, LoadedModels, Prompt, Scheduling},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -60,15 +60,7 @@ fn speculative_texts(
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut all = Vec::new();
         for base in [BaseRule::Exact, BaseRule::Rejection] {
-            let engine = Engine::with_proposer(
-                models,
-                proposer(),
-                config.speculative.gamma,
-                JudgeStack::lossless(base),
-                0,
-                Arc::new(Metrics::default()),
-                1,
-            )
+            let engine = Engine::with_proposer(models, proposer(), SpeculativeSetup { gamma: config.speculative.gamma, stack: JudgeStack::lossless(base), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) })
             .await
             .unwrap();
             let rule = engine.rule.clone().unwrap();
@@ -195,15 +187,7 @@ fn concurrent_texts(
     prompts: &[String],
 ) -> (Vec<String>, Vec<StepReport>) {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let engine = Engine::with_proposer(
-            models,
-            proposer,
-            config.speculative.gamma,
-            JudgeStack::lossless(BaseRule::Exact),
-            0,
-            Arc::new(Metrics::default()),
-            4,
-        )
+        let engine = Engine::with_proposer(models, proposer, SpeculativeSetup { gamma: config.speculative.gamma, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(4) })
         .await
         .unwrap();
         let rule = engine.rule.clone().unwrap();
@@ -323,15 +307,7 @@ fn prefix_cache_hits_restore_the_heads_rows_and_stay_under_the_bound() {
     let proposer = models.eagle_proposer(&config).unwrap();
     let scheduling = Scheduling { max_seqs: 1, prefix_cache_bytes: Some(64 << 20), ragged_batches: true };
     let (texts, steps, held, restored) = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let engine = Engine::with_proposer(
-            &models,
-            proposer.clone(),
-            3,
-            JudgeStack::lossless(BaseRule::Exact),
-            0,
-            Arc::new(Metrics::default()),
-            scheduling,
-        )
+        let engine = Engine::with_proposer(&models, proposer.clone(), SpeculativeSetup { gamma: 3, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: Arc::new(Metrics::default()), scheduling })
         .await
         .unwrap();
         let rule = engine.rule.clone().unwrap();
@@ -479,7 +455,7 @@ fn a_judge_reading_draft_model_states_is_refused_with_eagle_drafts() {
     let stack = models.configured_stack(&config).unwrap();
     let proposer = models.eagle_proposer(&config).unwrap();
     let err = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        Engine::with_proposer(&models, proposer, 2, stack, 0, Arc::new(Metrics::default()), 1)
+        Engine::with_proposer(&models, proposer, SpeculativeSetup { gamma: 2, stack, seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) })
             .await
             .err()
             .unwrap()
@@ -628,7 +604,7 @@ fn rejection_with_eagle_drafts_samples_the_targets_distribution_through_the_pipe
     let reference = sampled_positions(&plain_engine, &config, &prompt, RUNS);
     let speculative = |stack: JudgeStack| {
         let engine = tokio::runtime::Runtime::new().unwrap().block_on(async {
-            Engine::with_proposer(&models, models.eagle_proposer(&config).unwrap(), 2, stack, 5, Arc::new(Metrics::default()), 1).await.unwrap()
+            Engine::with_proposer(&models, models.eagle_proposer(&config).unwrap(), SpeculativeSetup { gamma: 2, stack, seed: 5, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) }).await.unwrap()
         });
         sampled_positions(&engine, &config, &prompt, RUNS)
     };
@@ -660,7 +636,7 @@ fn log_probabilities_of_verified_tokens_are_plain_decodings() {
     let (plain, speculative) = runtime.block_on(async {
         let plain = Engine::plain(&models, 1).await;
         let lookup = models.ngram_proposer(&config).unwrap();
-        let speculative = Engine::with_proposer(&models, lookup, 3, JudgeStack::lossless(BaseRule::Exact), 0, metrics.clone(), 1).await.unwrap();
+        let speculative = Engine::with_proposer(&models, lookup, SpeculativeSetup { gamma: 3, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: metrics.clone(), scheduling: Scheduling::from(1) }).await.unwrap();
         (plain, speculative)
     });
     for prompt in &repeating_prompts()[..3] {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::{config, prompts, spec, tiny_pair};
 use verdict::{
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -29,8 +29,8 @@ fn run(models: &LoadedModels, stack: JudgeStack, proposer: Option<Arc<dyn mistra
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
         let engine = match proposer {
-            Some(proposer) => Engine::with_proposer(models, proposer, GAMMA, stack, 0, metrics, 1).await.unwrap(),
-            None => Engine::speculative(models, GAMMA, stack, 0, metrics, 1).await.unwrap(),
+            Some(proposer) => Engine::with_proposer(models, proposer, SpeculativeSetup { gamma: GAMMA, stack, seed: 0, metrics, scheduling: Scheduling::from(1) }).await.unwrap(),
+            None => Engine::speculative(models, SpeculativeSetup { gamma: GAMMA, stack, seed: 0, metrics, scheduling: Scheduling::from(1) }).await.unwrap(),
         };
         for p in prompts() {
             generate(&engine.mistralrs, &Prompt::Text(p), &config.sampling).await.unwrap();

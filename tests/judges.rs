@@ -10,7 +10,7 @@ use common::{config, prompts, spec, tiny_pair};
 use mistralrs_core::speculative_hook::StepReport;
 use verdict::{
     config::Config,
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
     rules::BaseRule,
@@ -31,7 +31,7 @@ fn run(models: &LoadedModels, config: &Config, stack: JudgeStack) -> Outcome {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let metrics = Arc::new(Metrics::default());
-        let engine = Engine::speculative(models, GAMMA, stack, 0, metrics.clone(), 1)
+        let engine = Engine::speculative(models, SpeculativeSetup { gamma: GAMMA, stack, seed: 0, metrics: metrics.clone(), scheduling: Scheduling::from(1) })
             .await
             .unwrap();
         let rule = engine.rule.clone().unwrap();

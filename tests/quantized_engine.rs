@@ -26,7 +26,7 @@ use mistralrs_core::{
 use tokio::sync::Mutex as AsyncMutex;
 use verdict::{
     config::{Config, Isq},
-    engine::{build_mistralrs_with, generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, build_mistralrs_with, generate},
     judge::JudgeStack,
     kernels::QuantKernel,
     metrics::Metrics,
@@ -175,7 +175,7 @@ fn greedy_lossless_speculation_on_quantized_models_is_plain_decoding_for_every_g
             for gamma in 1..=8 {
                 for base in [BaseRule::Exact, BaseRule::Rejection] {
                     let engine =
-                        Engine::speculative(&models, gamma, JudgeStack::lossless(base), 0, Arc::new(Metrics::default()), 1)
+                        Engine::speculative(&models, SpeculativeSetup { gamma, stack: JudgeStack::lossless(base), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) })
                             .await
                             .unwrap();
                     let rule = engine.rule.clone().unwrap();

@@ -13,7 +13,7 @@ use std::{
 use common::{config, counter, raw_chat_request, read_two_events, spec, tiny_pair};
 use serde_json::{json, Value};
 use verdict::{
-    engine::{Engine, LoadedModels},
+    engine::{Engine, LoadedModels, Scheduling, SpeculativeSetup},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -159,14 +159,7 @@ impl TestServer {
         let metrics = Arc::new(Metrics::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (addr, engine, served) = runtime.block_on(async {
-            let engine = Engine::speculative(
-                &models,
-                3,
-                JudgeStack::lossless(BaseRule::Exact),
-                0,
-                metrics.clone(),
-                max_seqs,
-            )
+            let engine = Engine::speculative(&models, SpeculativeSetup { gamma: 3, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: metrics.clone(), scheduling: Scheduling::from(max_seqs) })
             .await
             .unwrap();
             let mut options = server::ServeOptions::from_config(&config, true);

@@ -21,7 +21,7 @@ use common::{counter, raw_chat_request, spec};
 use serde_json::{json, Value};
 use verdict::{
     config::Config,
-    engine::{Engine, LoadedModels},
+    engine::{Engine, LoadedModels, Scheduling, SpeculativeSetup},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -90,7 +90,7 @@ fn a_soak_of_mixed_clients_answers_every_good_request_and_leaks_nothing() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let metrics = Arc::new(Metrics::default());
     let (addr, _engine) = runtime.block_on(async {
-        let engine = Engine::with_proposer(&models, lookup.clone(), 4, JudgeStack::lossless(BaseRule::Exact), 0, metrics.clone(), 4).await.unwrap();
+        let engine = Engine::with_proposer(&models, lookup.clone(), SpeculativeSetup { gamma: 4, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: metrics.clone(), scheduling: Scheduling::from(4) }).await.unwrap();
         let mut options = server::ServeOptions::from_config(&config, true);
         options.api_key = None;
         let router = server::router(&engine, metrics.clone(), &options).await.unwrap();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::{config, prompts, spec, tiny_pair};
 use mistralrs_core::speculative_hook::StepReport;
 use verdict::{
-    engine::{generate, Engine, LoadedModels, Prompt, Scheduling},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -55,14 +55,7 @@ fn decode_all_with(
         }
         let mut speculative = Vec::new();
         for base in [BaseRule::Exact, BaseRule::Rejection] {
-            let engine = Engine::speculative(
-                &models,
-                GAMMA,
-                JudgeStack::lossless(base),
-                0,
-                Arc::new(Metrics::default()),
-                scheduling,
-            )
+            let engine = Engine::speculative(&models, SpeculativeSetup { gamma: GAMMA, stack: JudgeStack::lossless(base), seed: 0, metrics: Arc::new(Metrics::default()), scheduling })
             .await
             .unwrap();
             let rule = engine.rule.clone().unwrap();
@@ -173,7 +166,7 @@ fn batched_draft_model_steps_answer_each_sequence_as_plain_decoding() {
             let plain = common::answer_concurrently(&plain.mistralrs, &prompts, &config.sampling).await;
             let (mut partial, mut full) = (0, 0);
             for batch in 1..=prompts.len() {
-                let engine = Engine::speculative(&models, GAMMA, JudgeStack::lossless(BaseRule::Exact), 0, Arc::new(Metrics::default()), 4)
+                let engine = Engine::speculative(&models, SpeculativeSetup { gamma: GAMMA, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(4) })
                     .await
                     .unwrap();
                 let rule = engine.rule.clone().unwrap();
@@ -330,14 +323,7 @@ fn gamma_zero_is_refused_by_the_pipeline() {
     tiny_pair(dir.path(), &spec(TinyArch::Llama, 2), 0.1);
     let models = LoadedModels::load(&config(dir.path(), 1, "exact", 8)).unwrap();
     let err = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        Engine::speculative(
-            &models,
-            0,
-            JudgeStack::lossless(BaseRule::Exact),
-            0,
-            Arc::new(Metrics::default()),
-            1,
-        )
+        Engine::speculative(&models, SpeculativeSetup { gamma: 0, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) })
         .await
         .err()
         .expect("must fail")
@@ -358,14 +344,7 @@ fn a_request_finished_in_its_prompt_step_takes_no_further_step() {
     let config = config(dir.path(), gamma, "exact", 3);
     let models = LoadedModels::load(&config).unwrap();
     let steps = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let engine = Engine::speculative(
-            &models,
-            gamma,
-            JudgeStack::lossless(BaseRule::Exact),
-            0,
-            Arc::new(Metrics::default()),
-            1,
-        )
+        let engine = Engine::speculative(&models, SpeculativeSetup { gamma, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) })
         .await
         .unwrap();
         let rule = engine.rule.clone().unwrap();
@@ -424,7 +403,7 @@ fn the_draft_model_under_sv_answers_as_plain_decoding_and_drafts_what_pays() {
         for (rows, free) in [("[[1, 1000000.0], [9, 1000000.0]]", true), ("[[1, 10.0], [9, 90.0]]", false)] {
             let config = with_rows(rows);
             let policy = models.draft_model_policy(&config, &config.eagle_drafting()).unwrap().expect("[sv] is on");
-            let engine = Engine::speculative_under(&models, policy.clone(), GAMMA, JudgeStack::lossless(BaseRule::Exact), 0, Arc::new(Metrics::default()), 4)
+            let engine = Engine::speculative_under(&models, policy.clone(), SpeculativeSetup { gamma: GAMMA, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(4) })
                 .await
                 .unwrap();
             let rule = engine.rule.clone().unwrap();

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use verdict::{
     config::{Config, SamplingConfig},
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     kernels::{ForwardThread, QuantKernel},
     metrics::{Counters, Metrics},
@@ -133,14 +133,7 @@ pub fn measure(
         let mut engines = Vec::new();
         for &m in sizes.iter().filter(|&&m| m > 1) {
             let metrics = Arc::new(Metrics::default());
-            let engine = Engine::speculative(
-                &models,
-                m - 1,
-                JudgeStack::lossless(BaseRule::Exact),
-                0,
-                metrics.clone(),
-                1,
-            )
+            let engine = Engine::speculative(&models, SpeculativeSetup { gamma: m - 1, stack: JudgeStack::lossless(BaseRule::Exact), seed: 0, metrics: metrics.clone(), scheduling: Scheduling::from(1) })
             .await?;
             engines.push((m, engine, metrics));
         }

@@ -31,7 +31,7 @@ use verdict::{
     proposers::scored::ScoredProposer,
     verify_latency::VerifyLatency,
     config::{Config, EagleDrafting, ModeConfig, COMBINED_MODE_PREFIX, DRAFT_SV_MODE_PREFIX, EAGLE_MODE_PREFIX, NGRAM_MODE_PREFIX, PLAIN_AGAIN_MODE},
-    engine::{generate, generate_with_top_tokens, Engine, Generation, LoadedModels, Prompt, Scheduling},
+    engine::{Engine, Generation, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate, generate_with_top_tokens},
     judge::JudgeStack,
     metrics::{Counters, Metrics},
     proposers::{combined::ChoiceCounts, draft_model::DraftModelProposer, eagle_proposer::EagleProposer},
@@ -564,7 +564,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                     let combined = models.combined_proposer(config, eagle_proposers[mode].clone(), drafting.gamma, drafting)?;
                     combined_proposers.insert(mode.clone(), combined.clone());
                     let gamma = combined.proposer().gamma();
-                    Engine::with_proposer(&models, combined, gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                    Engine::with_proposer(&models, combined, SpeculativeSetup { gamma, stack: lossless(), seed: s.seed, metrics: metrics.clone(), scheduling: scheduling(options.batch) }).await?
                 }
                 Some(drafting) => {
                     // Modes sharing a head share its policy: it learns what the head drafts.
@@ -574,10 +574,10 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         None => models.verify_policy(config, drafting, head.clone())?,
                     };
                     eagle_policies.insert(mode.clone(), policy.clone());
-                    Engine::with_proposer(&models, policy, drafting.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                    Engine::with_proposer(&models, policy, SpeculativeSetup { gamma: drafting.gamma, stack: lossless(), seed: s.seed, metrics: metrics.clone(), scheduling: scheduling(options.batch) }).await?
                 }
                 None if mode.drafts_by_lookup() => {
-                    Engine::with_proposer(&models, models.ngram_proposer(config)?, s.ngram_gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                    Engine::with_proposer(&models, models.ngram_proposer(config)?, SpeculativeSetup { gamma: s.ngram_gamma, stack: lossless(), seed: s.seed, metrics: metrics.clone(), scheduling: scheduling(options.batch) }).await?
                 }
                 None if mode.drafts_with_model_under_sv() => {
                     let drafting = EagleDrafting { sv: true, ..mode_drafting(config, mode)? };
@@ -585,9 +585,9 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
                         bail!("bench mode {:?}: no SV policy for the draft model", mode.0);
                     };
                     draft_policies.insert(mode.clone(), policy.clone());
-                    Engine::speculative_under(&models, policy, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?
+                    Engine::speculative_under(&models, policy, SpeculativeSetup { gamma: s.gamma, stack: lossless(), seed: s.seed, metrics: metrics.clone(), scheduling: scheduling(options.batch) }).await?
                 }
-                None => Engine::speculative(&models, s.gamma, lossless(), s.seed, metrics.clone(), scheduling(options.batch)).await?,
+                None => Engine::speculative(&models, SpeculativeSetup { gamma: s.gamma, stack: lossless(), seed: s.seed, metrics: metrics.clone(), scheduling: scheduling(options.batch) }).await?,
             };
             speculative.insert(mode.clone(), engine);
         }

@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use crate::{
     config::{Config, ProposerKind},
-    engine::{Engine, LoadedModels},
+    engine::{Engine, LoadedModels, Scheduling, SpeculativeSetup},
     metrics::Metrics,
     sv::policy::KeepsLearning,
 };
@@ -28,23 +28,23 @@ pub async fn configured_engine(
             ProposerKind::DraftModel => match models.draft_model_policy(config, &config.eagle_drafting())? {
                 Some(policy) => {
                     let engine =
-                        Engine::speculative_under(models, policy.clone(), s.gamma, stack, s.seed, metrics, &config.server)
+                        Engine::speculative_under(models, policy.clone(), SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) })
                             .await?;
                     Ok((engine, Some(policy)))
                 }
-                None => Ok((Engine::speculative(models, s.gamma, stack, s.seed, metrics, &config.server).await?, None)),
+                None => Ok((Engine::speculative(models, SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) }).await?, None)),
             },
             ProposerKind::Eagle => {
                 let proposer = models.eagle_proposer(config)?;
                 let engine =
-                    Engine::with_proposer(models, proposer.clone(), s.gamma, stack, s.seed, metrics, &config.server)
+                    Engine::with_proposer(models, proposer.clone(), SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) })
                         .await?;
                 Ok((engine, Some(proposer)))
             }
             ProposerKind::Ngram => {
                 let proposer = models.ngram_proposer(config)?;
                 let engine =
-                    Engine::with_proposer(models, proposer.clone(), s.ngram_gamma, stack, s.seed, metrics, &config.server)
+                    Engine::with_proposer(models, proposer.clone(), SpeculativeSetup { gamma: s.ngram_gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) })
                         .await?;
                 Ok((engine, Some(proposer)))
             }
@@ -54,7 +54,7 @@ pub async fn configured_engine(
                 let proposer = models.combined_proposer(config, head, s.gamma, &drafting)?;
                 let gamma = proposer.proposer().gamma();
                 let engine =
-                    Engine::with_proposer(models, proposer.clone(), gamma, stack, s.seed, metrics, &config.server).await?;
+                    Engine::with_proposer(models, proposer.clone(), SpeculativeSetup { gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) }).await?;
                 Ok((engine, Some(proposer)))
             }
         }

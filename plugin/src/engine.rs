@@ -332,6 +332,19 @@ pub struct Engine {
     pipeline: SharedPipeline,
 }
 
+/// What a speculative engine is built from besides its models and its drafter.
+pub struct SpeculativeSetup {
+    /// Drafts per step, at most.
+    pub gamma: usize,
+    /// Decides which drafts are kept.
+    pub stack: JudgeStack,
+    /// Seeds the accept rule's sampler.
+    pub seed: u64,
+    /// Where steps, drafts and judges are counted.
+    pub metrics: Arc<Metrics>,
+    pub scheduling: Scheduling,
+}
+
 /// How an engine schedules requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scheduling {
@@ -419,45 +432,23 @@ impl Engine {
         drop(self.pipeline.lock().await);
     }
 
-    /// Speculative decoding with the draft, γ drafts per step, and `stack` deciding.
-    pub async fn speculative(
-        models: &LoadedModels,
-        gamma: usize,
-        stack: JudgeStack,
-        seed: u64,
-        metrics: Arc<Metrics>,
-        scheduling: impl Into<Scheduling>,
-    ) -> Result<Self> {
-        Self::with_draft_model(models, gamma, stack, seed, metrics, scheduling.into(), None).await
+    /// Speculative decoding with the draft model drafting γ tokens a step.
+    pub async fn speculative(models: &LoadedModels, setup: SpeculativeSetup) -> Result<Self> {
+        Self::with_draft_model(models, setup, None).await
     }
 
     /// [`Self::speculative`] with `policy` (SV over the draft model) deciding how many of the
     /// γ drafts each step draws: see [`LoadedModels::draft_model_policy`].
-    pub async fn speculative_under(
-        models: &LoadedModels,
-        policy: Arc<dyn Proposer>,
-        gamma: usize,
-        stack: JudgeStack,
-        seed: u64,
-        metrics: Arc<Metrics>,
-        scheduling: impl Into<Scheduling>,
-    ) -> Result<Self> {
-        Self::with_draft_model(models, gamma, stack, seed, metrics, scheduling.into(), Some(policy)).await
+    pub async fn speculative_under(models: &LoadedModels, policy: Arc<dyn Proposer>, setup: SpeculativeSetup) -> Result<Self> {
+        Self::with_draft_model(models, setup, Some(policy)).await
     }
 
-    async fn with_draft_model(
-        models: &LoadedModels,
-        gamma: usize,
-        stack: JudgeStack,
-        seed: u64,
-        metrics: Arc<Metrics>,
-        scheduling: Scheduling,
-        policy: Option<Arc<dyn Proposer>>,
-    ) -> Result<Self> {
+    async fn with_draft_model(models: &LoadedModels, setup: SpeculativeSetup, policy: Option<Arc<dyn Proposer>>) -> Result<Self> {
         let Some((draft, _)) = &models.draft else {
             bail!("speculative decoding needs models.draft");
         };
-        Self::over_speculative(scheduling, stack, seed, metrics, |accept_rule| {
+        let gamma = setup.gamma;
+        Self::over_speculative(setup, |accept_rule| {
             let pipeline = SpeculativePipeline::new(models.target.clone(), draft.clone(), SpeculativeConfig { gamma, accept_rule })?;
             match policy {
                 Some(policy) => pipeline.with_draft_policy(policy),
@@ -467,19 +458,13 @@ impl Engine {
         .await
     }
 
-    /// Speculative decoding with drafts from `proposer` (an EAGLE head): no draft model.
-    pub async fn with_proposer(
-        models: &LoadedModels,
-        proposer: Arc<dyn Proposer>,
-        gamma: usize,
-        stack: JudgeStack,
-        seed: u64,
-        metrics: Arc<Metrics>,
-        scheduling: impl Into<Scheduling>,
-    ) -> Result<Self> {
-        stack.check_drafts_without_model()?;
-        let proposer: Arc<dyn Proposer> = Arc::new(TimedProposer::new(proposer, metrics.clone()));
-        Self::over_speculative(scheduling.into(), stack, seed, metrics, |accept_rule| {
+    /// Speculative decoding with drafts from `proposer` (an EAGLE head, prompt lookup, both):
+    /// no draft model.
+    pub async fn with_proposer(models: &LoadedModels, proposer: Arc<dyn Proposer>, setup: SpeculativeSetup) -> Result<Self> {
+        setup.stack.check_drafts_without_model()?;
+        let proposer: Arc<dyn Proposer> = Arc::new(TimedProposer::new(proposer, setup.metrics.clone()));
+        let gamma = setup.gamma;
+        Self::over_speculative(setup, |accept_rule| {
             SpeculativePipeline::with_proposer(models.target.clone(), proposer, SpeculativeConfig { gamma, accept_rule })
         })
         .await
@@ -487,16 +472,13 @@ impl Engine {
 
     /// An engine over the speculative pipeline `build` makes around a Verdict rule.
     async fn over_speculative(
-        scheduling: Scheduling,
-        stack: JudgeStack,
-        seed: u64,
-        metrics: Arc<Metrics>,
+        setup: SpeculativeSetup,
         build: impl FnOnce(Option<Arc<dyn AcceptRule>>) -> candle_core::Result<SpeculativePipeline>,
     ) -> Result<Self> {
-        let rule = Arc::new(VerdictRule::new(stack, seed, metrics));
+        let rule = Arc::new(VerdictRule::new(setup.stack, setup.seed, setup.metrics));
         let pipeline: SharedPipeline = Arc::new(Mutex::new(build(Some(rule.clone()))?));
         Ok(Self {
-            mistralrs: build_mistralrs(pipeline.clone(), scheduling).await,
+            mistralrs: build_mistralrs(pipeline.clone(), setup.scheduling).await,
             rule: Some(rule),
             pipeline,
         })

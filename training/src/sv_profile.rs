@@ -23,7 +23,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use verdict::{
     config::{Config, EagleDrafting, ProposerKind},
-    engine::{generate, Engine, LoadedModels, Prompt},
+    engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
     metrics::Metrics,
     rules::BaseRule,
@@ -143,15 +143,7 @@ pub fn profile_sv(config: &Config, plan: &SvProfilePlan) -> Result<SvProfileRepo
         let proposer = models.eagle_proposer_with(config, &drafting)?;
         proposer.record_outcomes();
         let runtime = tokio::runtime::Runtime::new()?;
-        let engine = runtime.block_on(Engine::with_proposer(
-            &models,
-            proposer.clone(),
-            drafting.gamma,
-            JudgeStack::lossless(BaseRule::Exact),
-            config.speculative.seed,
-            Arc::new(Metrics::default()),
-            1,
-        ))?;
+        let engine = runtime.block_on(Engine::with_proposer(&models, proposer.clone(), SpeculativeSetup { gamma: drafting.gamma, stack: JudgeStack::lossless(BaseRule::Exact), seed: config.speculative.seed, metrics: Arc::new(Metrics::default()), scheduling: Scheduling::from(1) }))?;
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
