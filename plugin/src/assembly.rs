@@ -24,28 +24,35 @@ pub async fn configured_engine(
     let s = &config.speculative;
     if s.enabled {
         let stack = models.configured_stack(config)?;
+        let scheduling = Scheduling::from(&config.server);
+        let setup = move |gamma| SpeculativeSetup {
+            gamma,
+            stack,
+            seed: s.seed,
+            metrics,
+            scheduling,
+        };
         match s.proposer {
-            ProposerKind::DraftModel => match models.draft_model_policy(config, &config.eagle_drafting())? {
+            ProposerKind::DraftModel => match models
+                .draft_model_policy(config, &config.eagle_drafting())?
+            {
                 Some(policy) => {
                     let engine =
-                        Engine::speculative_under(models, policy.clone(), SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) })
-                            .await?;
+                        Engine::speculative_under(models, policy.clone(), setup(s.gamma)).await?;
                     Ok((engine, Some(policy)))
                 }
-                None => Ok((Engine::speculative(models, SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) }).await?, None)),
+                None => Ok((Engine::speculative(models, setup(s.gamma)).await?, None)),
             },
             ProposerKind::Eagle => {
                 let proposer = models.eagle_proposer(config)?;
                 let engine =
-                    Engine::with_proposer(models, proposer.clone(), SpeculativeSetup { gamma: s.gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) })
-                        .await?;
+                    Engine::with_proposer(models, proposer.clone(), setup(s.gamma)).await?;
                 Ok((engine, Some(proposer)))
             }
             ProposerKind::Ngram => {
                 let proposer = models.ngram_proposer(config)?;
                 let engine =
-                    Engine::with_proposer(models, proposer.clone(), SpeculativeSetup { gamma: s.ngram_gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) })
-                        .await?;
+                    Engine::with_proposer(models, proposer.clone(), setup(s.ngram_gamma)).await?;
                 Ok((engine, Some(proposer)))
             }
             ProposerKind::NgramEagle => {
@@ -53,8 +60,7 @@ pub async fn configured_engine(
                 let head = models.eagle_head(config, None, &drafting)?;
                 let proposer = models.combined_proposer(config, head, s.gamma, &drafting)?;
                 let gamma = proposer.proposer().gamma();
-                let engine =
-                    Engine::with_proposer(models, proposer.clone(), SpeculativeSetup { gamma, stack, seed: s.seed, metrics, scheduling: Scheduling::from(&config.server) }).await?;
+                let engine = Engine::with_proposer(models, proposer.clone(), setup(gamma)).await?;
                 Ok((engine, Some(proposer)))
             }
         }
