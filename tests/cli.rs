@@ -139,3 +139,30 @@ fn missing_train_split_says_to_name_its_folder() {
     let text = bench_refusal(&["--split", "train"]);
     assert!(text.contains("train.jsonl") && text.contains("--data-dir"), "{text}");
 }
+
+/// `forward-cost` measures multi-token forwards on a draft-model engine, so it loads the
+/// draft even when the config serves with another proposer (as the shipped default does).
+#[test]
+fn forward_cost_runs_on_a_config_whose_proposer_is_not_the_draft_model() {
+    use verdict::tiny_model::{write_tiny_model, TinyArch, TinySpec};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec::new(TinyArch::Qwen2, 7);
+    write_tiny_model(&spec, &dir.path().join("target")).unwrap();
+    write_tiny_model(&spec, &dir.path().join("draft")).unwrap();
+    let config = dir.path().join("verdict.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[models]\ntarget = {:?}\ndraft = {:?}\n[speculative]\nproposer = \"ngram\"\n",
+            dir.path().join("target"),
+            dir.path().join("draft"),
+        ),
+    )
+    .unwrap();
+    let (ok, text) = verdict(&[
+        "forward-cost", "--config", config.to_str().unwrap(), "--tokens", "1,2", "--kernels", "stock",
+        "--repeats", "1", "--matmul-repeats", "0", "--max-tokens", "3",
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("| stock | pool | 2 |"), "no 2-token forward in:\n{text}");
+}

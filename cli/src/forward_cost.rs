@@ -114,7 +114,9 @@ pub fn measure(
 ) -> Result<ForwardCostReport> {
     // Kernels are compared on the same weights: blocks, with panels beside them.
     QuantKernel::hold_weights_once(false);
-    let models = LoadedModels::load(config)?;
+    // The multi-token costs come from the verify forwards of draft-model engines, whatever
+    // proposer the config serves with.
+    let models = LoadedModels::load_with_draft(config, sizes.iter().any(|&m| m > 1))?;
     let runtime = tokio::runtime::Runtime::new()?;
     let sampling = SamplingConfig {
         temperature: 0.0,
