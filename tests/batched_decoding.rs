@@ -4,9 +4,9 @@
 //! mistral.rs 0.8.1's single-query CPU attention kept one scratch slot per (tile, head) for
 //! every batch item, so each decode step gave every sequence the last sequence's attention:
 //! concurrent requests of equal prompt length came back as copies of one answer after their
-//! first token (patch 0009).
+//! first token (fixed in the patch series).
 //!
-//! Sequences of different lengths decode in one batch too (patch 0016): each row appends at
+//! Sequences of different lengths decode in one batch too (ragged batches): each row appends at
 //! its own KV length and attends to its own keys only.
 
 mod common;

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use common::{config, spec, tiny_pair};
 use verdict::tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID};
 use verdict_eval::{
-    bench::{self, BenchOptions, Mode},
+    bench::{self, BenchOptions},
+    modes::Mode,
     subset::Subset,
 };
 

@@ -11,7 +11,8 @@ use verdict::{
     tiny_model::{write_tiny_eagle3_head, TinyArch, FIRST_WORD_ID},
 };
 use verdict_eval::{
-    bench::{self, BenchOptions, Mode},
+    bench::{self, BenchOptions},
+    modes::Mode,
     subset::Subset,
 };
 

@@ -199,7 +199,7 @@ fn concurrent_texts(
 }
 
 /// Sequences decoded together by an EAGLE engine are verified in one target forward per
-/// step (mistral.rs patch 0018): rows of different KV lengths, each with its own number of
+/// step (the patched batched speculative step): rows of different KV lengths, each with its own number of
 /// drafts (a confidence cut drafts 1 to γ; skipped first drafts give none), each judged
 /// and cut back on its own, its rows packed with the other sequences' or padded. Every
 /// answer equals the plain target's, and after every step

@@ -9,6 +9,7 @@ use std::{path::Path, sync::Arc};
 use common::{config, prompts, spec, tiny_pair};
 use mistralrs_core::speculative_hook::StepReport;
 use verdict::{
+    assembly::stack::judge_stack,
     config::Config,
     engine::{Engine, LoadedModels, Prompt, Scheduling, SpeculativeSetup, generate},
     judge::JudgeStack,
@@ -71,9 +72,7 @@ fn with_judges(config: &Config, judges: &str) -> Config {
 }
 
 fn stack(models: &LoadedModels, config: &Config, judges: &str) -> JudgeStack {
-    with_judges(config, judges)
-        .stack(&models.fingerprints())
-        .unwrap()
+    judge_stack(&with_judges(config, judges), &models.fingerprints()).unwrap()
 }
 
 /// Steps that ended before the sequence did (a finished step may stop early at EOS).
@@ -244,8 +243,7 @@ fn a_head_for_another_model_is_refused_naming_both() {
     );
     let err = format!(
         "{:#}",
-        with_judges(&config, &judges)
-            .stack(&models.fingerprints())
+        judge_stack(&with_judges(&config, &judges), &models.fingerprints())
             .err()
             .expect("a head for another model was accepted")
     );

@@ -3,7 +3,7 @@
 //! `verdict-eval`. A deployment that embeds the `verdict` library compiles none of this.
 
 // Evaluation data and tasks live in `verdict-eval`; re-exported under their old paths.
-pub use verdict_eval::{bench, datasets, jsonl, paired, pool, subset, tasks, wheels};
+pub use verdict_eval::{bench, datasets, jsonl, modes, paired, pool, subset, tasks, wheels};
 
 pub mod forward_cost;
 pub mod head_cost;

@@ -13,7 +13,8 @@ use verdict::{
     models::{self, KNOWN_MODELS},
 };
 use verdict_cli::{
-    bench::{self, BenchOptions, Mode},
+    bench::{self, BenchOptions},
+    modes::{self, Mode},
     datasets,
     forward_cost,
     matmul_cost,
@@ -357,7 +358,7 @@ fn main() -> Result<()> {
                 split,
                 sandbox_python: sandbox_python.unwrap_or_else(verdict_eval::sandbox::Sandbox::default_python),
                 subset: Subset { ids, offset, limit },
-                modes: bench::resolve_modes(&config, &modes),
+                modes: modes::resolve_modes(&config, &modes),
                 out: out.clone(),
                 explain_divergences: !no_divergences,
                 batch,

@@ -5,8 +5,8 @@
 //! Timed back to back, a weight that fits in the last-level cache is read from there, not from
 //! memory as inside a forward, so the multi-row rows here are optimistic; the forward rows of
 //! `verdict forward-cost` are the real cost. (Flushing the caches before each call was tried:
-//! it made every call, m = 1 included, 2–3× slower than inside the model, as the threads
-//! also went cold.)
+//! it made every call, m = 1 included, slower than inside the model, as the threads also
+//! went cold.)
 
 use std::{collections::BTreeMap, fs::File, path::Path, time::Instant};
 

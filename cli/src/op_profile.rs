@@ -1,5 +1,5 @@
 //! `verdict op-profile`: where one decode step of the target goes, op by op. The patched
-//! GGUF Qwen2 forward times each op while asked (mistral.rs `0035`); plain decoding of the
+//! GGUF Qwen2 forward times each op while asked (the patched mistral.rs); plain decoding of the
 //! measured prompt for N + 1 tokens, less the same prompt for 1 token, leaves N decode
 //! steps. Each matmul's time is set against the bytes of weights it reads, and those
 //! against what this machine streams; what the ops leave of the step's wall clock is the

@@ -133,7 +133,8 @@ pub async fn router(engine: &Engine, metrics: Arc<Metrics>, options: &ServeOptio
     })
 }
 
-/// Requests queued in the engine's scheduler, not yet running (mistral.rs `0031`).
+/// Requests queued in the engine's scheduler, not yet running (a count the patched
+/// mistral.rs logger keeps).
 fn queued_requests(mistralrs: &MistralRs) -> u64 {
     mistralrs.get_logger(None).map_or(0, |logger| logger.scheduler_counts().1 as u64)
 }

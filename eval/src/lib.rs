@@ -9,6 +9,7 @@ pub mod benchmark;
 pub mod datasets;
 pub mod jsonl;
 pub mod mixture;
+pub mod modes;
 pub mod packaged;
 pub mod paired;
 pub mod pool;

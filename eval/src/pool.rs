@@ -15,7 +15,8 @@ use serde::Deserialize;
 use verdict::metrics::Counters;
 
 use crate::{
-    bench::{pair, Mode, Run},
+    bench::{pair, Run},
+    modes::Mode,
     paired::{paired_stats, Pair, PairedStats},
 };
 use crate::benchmark::TaskName;

@@ -12,7 +12,8 @@ use std::{
 use verdict::metrics::Counters;
 
 use crate::{
-    bench::{tokens_per_second, Mode, Run},
+    bench::{tokens_per_second, Run},
+    modes::Mode,
     benchmark::TaskName,
 };
 

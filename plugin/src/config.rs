@@ -11,21 +11,12 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use verdict_heads::{ModelFingerprint, WeightFormat};
+use verdict_heads::WeightFormat;
 
 use crate::{
-    verify_latency::VerifyLatency,
-    judge::JudgeStack,
-    judges::{build_stack, parse_stack, JudgeConfig, LoadedFingerprints},
+    judges::{parse_stack, JudgeConfig},
     rules::BaseRule,
-    sv::{
-        latency_store::LatencyStore,
-        learned_latency::{LearnedLatency, DEFAULT_MEMORY, DEFAULT_PRIOR_WEIGHT},
-        schedule::{GoodputOptions, Search},
-        keep_rates::KeepRates,
-        table::AcceptanceTable,
-        verify_budget::VerifyBudget,
-    },
+    verify_latency::VerifyLatency,
 };
 
 #[derive(Clone, Debug, Deserialize)]
@@ -92,11 +83,9 @@ pub struct StackConfig {
     pub judges: Vec<JudgeConfig>,
 }
 
-/// The bench mode that decodes plainly once more, after every other mode of a problem.
-pub const PLAIN_AGAIN_MODE: &str = "plain-again";
-
-/// Mode names the bench reserves: they cannot name a `[[stack]]`.
-pub const BUILTIN_MODES: &[&str] = &["plain", PLAIN_AGAIN_MODE, "exact", "rejection", "config"];
+/// Names the bench gives its built-in modes (plain decoding, plain decoding once more, the
+/// lossless rules, the top-level judges): no `[[stack]]` or `[[mode]]` may take one.
+pub const RESERVED_MODE_NAMES: &[&str] = &["plain", "plain-again", "exact", "rejection", "config"];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -178,7 +167,7 @@ pub struct SpeculativeConfig {
     /// take their verified rows in one); false drafts one sequence after another.
     pub eagle_batched_drafting: bool,
     /// A batched verify runs the target's MLPs and LM head on each sequence's own rows only
-    /// (mistral.rs `0022`, Llama and Qwen2 targets), so SV prices rows one by one; false
+    /// (the patched mistral.rs Llama and Qwen2 forwards), so SV prices rows one by one; false
     /// pads every sequence's rows to the widest, and SV chooses one width for the batch.
     pub packed_verify_rows: bool,
     /// Prompt lookup (`proposer = "ngram"`, bench `ngram:` modes): the shortest n-gram whose
@@ -294,8 +283,6 @@ pub struct SvConfig {
     pub keep_rate_prior_weight: Option<f64>,
 }
 
-/// Confidence bins of learned keep rates.
-pub const KEEP_RATE_BINS: usize = 20;
 /// Drafts the head's confidence counts as in each learned bin, unless configured.
 pub const DEFAULT_KEEP_RATE_PRIOR_WEIGHT: f64 = 50.0;
 
@@ -304,21 +291,6 @@ fn yes() -> bool {
 }
 
 impl SvConfig {
-    /// Empty learned keep rates as configured (`learn` asks for them; `sv.table` and
-    /// learning both say what a draft is worth, so they exclude each other).
-    pub fn keep_rates(&self, learn: bool) -> Result<Option<KeepRates>> {
-        if !learn {
-            return Ok(None);
-        }
-        if let Some(table) = &self.table {
-            bail!(
-                "sv.learn_keep_rates and sv.table = {} both give the chance a draft is kept: choose one",
-                table.display()
-            );
-        }
-        KeepRates::new(KEEP_RATE_BINS, self.keep_rate_prior_weight.unwrap_or(DEFAULT_KEEP_RATE_PRIOR_WEIGHT)).map(Some)
-    }
-
     /// Whether SV learns keep rates under a stack that is `lossy` (has an enabled judge) or
     /// not: as `learn_keep_rates` says, by default with SV on under a lossy stack without a
     /// `table`.
@@ -337,33 +309,21 @@ impl SvConfig {
         self.learn_verify_ms.unwrap_or(self.verify_ms.is_empty())
     }
 
-    /// T_v to learn from, when `learn`: the one `store` kept for this target on this
-    /// machine, else the configured one; with the samples that taught the kept one.
-    pub fn latency_learner(&self, learn: bool, store: Option<&LatencyStore>) -> Result<Option<(LearnedLatency, u64)>> {
-        if !learn {
-            return Ok(None);
+    /// With `[sv]` on: `fixed_ms` a finite number ≥ 0, and T_v readable from `verify_ms`
+    /// (or learned from the generic shape).
+    fn validate(&self) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
         }
-        let kept = match store {
-            Some(store) => store.load().context("sv.learned_verify_ms_file")?,
-            None => None,
-        };
-        let (start, samples) = match kept {
-            Some((latency, samples)) => {
-                tracing::info!(
-                    "SV: learning T_v from the one learned on this machine over {samples} steps, in {} (rows: ms) {}",
-                    store.map_or_else(String::new, |s| s.path().display().to_string()),
-                    latency.describe(8)
-                );
-                (latency, samples)
-            }
-            None => (self.configured_latency()?, 0),
-        };
-        Ok(Some((LearnedLatency::new(start, DEFAULT_PRIOR_WEIGHT, DEFAULT_MEMORY)?, samples)))
+        if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
+            bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
+        }
+        self.configured_latency().map(drop)
     }
 
     /// T_v as configured: `verify_ms` fitted, or, with none given and learning on, the
     /// generic shape learning starts from.
-    fn configured_latency(&self) -> Result<VerifyLatency> {
+    pub fn configured_latency(&self) -> Result<VerifyLatency> {
         if self.verify_ms.is_empty() && self.learns_verify_ms() {
             return Ok(VerifyLatency::generic_prior());
         }
@@ -375,35 +335,6 @@ impl SvConfig {
         })
     }
 
-    /// The budget the EAGLE proposer applies; `None` when `[sv]` is off.
-    pub fn verify_budget(&self) -> Result<Option<VerifyBudget>> {
-        match self.enabled {
-            true => self.budget().map(Some),
-            false => Ok(None),
-        }
-    }
-
-    /// The budget these settings make, whether `[sv]` is on or not (a bench mode may ask
-    /// for it).
-    pub fn budget(&self) -> Result<VerifyBudget> {
-        if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
-            bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
-        }
-        Ok(VerifyBudget {
-            // When learning, the proposer prices rows by the learned T_v instead.
-            latency: self.configured_latency()?,
-            options: GoodputOptions {
-                count_bonus: self.count_bonus,
-                fixed_ms: self.fixed_ms,
-                min_gamma: self.min_gamma,
-                search: Search::EarlyStop,
-            },
-            // As mistral.rs 0018 verifies without 0022's packing; the EAGLE proposer sets it
-            // from `speculative.packed_verify_rows`.
-            padded: true,
-            table: None,
-        })
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -420,21 +351,6 @@ pub enum ProposerKind {
     #[serde(rename = "ngram+eagle")]
     NgramEagle,
 }
-
-/// Bench modes that draft by prompt lookup start with this (`ngram:exact`).
-pub const NGRAM_MODE_PREFIX: &str = "ngram:";
-
-/// Bench modes that draft by prompt lookup and the EAGLE head together start with this
-/// before an EAGLE mode (`ngram+eagle:exact`, `ngram+eagle-sv:exact`).
-pub const COMBINED_MODE_PREFIX: &str = "ngram+";
-
-/// Bench modes that draft with the draft model under SV's verify-length policy start with
-/// this (`draft-sv:exact`); without it a stack's name drafts γ with the draft model.
-pub const DRAFT_SV_MODE_PREFIX: &str = "draft-sv:";
-
-/// Bench modes that draft with the EAGLE head start with this (`eagle:exact`); the rest
-/// names the judge stack.
-pub const EAGLE_MODE_PREFIX: &str = "eagle:";
 
 #[derive(Clone, Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -539,114 +455,6 @@ impl Config {
         Ok(config)
     }
 
-    /// The stack of the top-level `[[judge]]` tables, named after its parts
-    /// (`exact+fsd-js`), or the lossless base rule when there are none.
-    pub fn stack(&self, models: &LoadedFingerprints) -> Result<JudgeStack> {
-        let base = self.speculative.base_rule;
-        let mut stack = build_stack(
-            base.name(),
-            base,
-            &self.judges,
-            "judge",
-            &self.base_dir,
-            models,
-        )?;
-        let names: Vec<&str> = stack
-            .replacement
-            .iter()
-            .chain(&stack.judges)
-            .map(|j| j.name())
-            .collect();
-        if !names.is_empty() {
-            stack.name = format!("{}+{}", base.name(), names.join("+"));
-        }
-        Ok(stack)
-    }
-
-    /// The stack a bench mode names: `exact` and `rejection` (lossless), `config` (the
-    /// top-level judges) or a `[[stack]]` name.
-    pub fn named_stack(&self, name: &str, models: &LoadedFingerprints) -> Result<JudgeStack> {
-        match name {
-            "exact" => Ok(JudgeStack::lossless(BaseRule::Exact)),
-            "rejection" => Ok(JudgeStack::lossless(BaseRule::Rejection)),
-            "config" => {
-                let mut stack = self.stack(models)?;
-                stack.name = "config".into();
-                Ok(stack)
-            }
-            _ => {
-                let (i, s) = self
-                    .stacks
-                    .iter()
-                    .enumerate()
-                    .find(|(_, s)| s.name == name)
-                    .with_context(|| {
-                        format!(
-                            "no stack named {name:?}; known: {}",
-                            self.mode_names().join(", ")
-                        )
-                    })?;
-                let base = s.base_rule.unwrap_or(self.speculative.base_rule);
-                build_stack(
-                    name,
-                    base,
-                    &s.judges,
-                    &format!("stack[{i}].judge"),
-                    &self.base_dir,
-                    models,
-                )
-            }
-        }
-    }
-
-    /// Every mode `verdict bench` accepts with this config: each stack with the draft model
-    /// (alone, and with `draft-sv:` before it), with `eagle:` before it when an EAGLE head is
-    /// configured, and with `ngram:` (prompt lookup) before it.
-    pub fn mode_names(&self) -> Vec<String> {
-        let stacks: Vec<String> = BUILTIN_MODES
-            .iter()
-            .map(|s| s.to_string())
-            .chain(self.stacks.iter().map(|s| s.name.clone()))
-            .collect();
-        let speculative: Vec<&String> = stacks.iter().filter(|s| s.as_str() != "plain" && s.as_str() != PLAIN_AGAIN_MODE).collect();
-        let has_head = self.speculative.eagle_head.is_some() || !self.speculative.eagle_heads.is_empty();
-        let eagle: Vec<String> = match has_head {
-            true => speculative
-                .iter()
-                .flat_map(|s| [format!("{EAGLE_MODE_PREFIX}{s}"), format!("{COMBINED_MODE_PREFIX}{EAGLE_MODE_PREFIX}{s}")])
-                .collect(),
-            false => Vec::new(),
-        };
-        let ngram: Vec<String> = speculative.iter().map(|s| format!("{NGRAM_MODE_PREFIX}{s}")).collect();
-        let draft_sv: Vec<String> = speculative.iter().map(|s| format!("{DRAFT_SV_MODE_PREFIX}{s}")).collect();
-        stacks.iter().cloned().chain(eagle).chain(ngram).chain(draft_sv).collect()
-    }
-
-    /// `[sv]`'s budget with its acceptance table loaded, for `target`: a table fitted for
-    /// another target is refused.
-    pub fn sv_budget(&self, target: &ModelFingerprint) -> Result<VerifyBudget> {
-        let mut budget = self.sv.budget()?;
-        if let Some(path) = &self.sv.table {
-            let path = self.base_dir.join(path);
-            let table = AcceptanceTable::load(&path).with_context(|| format!("sv.table = {:?}", self.sv.table.as_ref().unwrap()))?;
-            let Some(profiled) = &table.origin.target_fingerprint else {
-                bail!("sv.table {} does not say which target it was profiled with: profile it again with `train-head sv-profile`", path.display());
-            };
-            profiled
-                .check_loaded(&format!("sv.table {}", path.display()), "target", target)
-                .context("profile this target with `train-head sv-profile`")?;
-            budget.table = Some(table);
-        }
-        Ok(budget)
-    }
-
-    /// Where SV keeps the T_v it learns for `target` (`sv.learned_verify_ms_file`, resolved
-    /// against the config file's folder).
-    pub fn latency_store(&self, target: &ModelFingerprint) -> Option<LatencyStore> {
-        let path = self.sv.learned_verify_ms_file.as_ref()?;
-        Some(LatencyStore::new(self.base_dir.join(path), target.clone()))
-    }
-
     /// The EAGLE head's folder, resolved against the config file's folder.
     pub fn eagle_head(&self) -> Option<PathBuf> {
         self.speculative.eagle_head.as_ref().map(|p| self.base_dir.join(p))
@@ -715,7 +523,7 @@ impl Config {
                 s.ngram_max
             );
         }
-        self.sv.verify_budget()?;
+        self.sv.validate()?;
         let t = &self.sampling;
         if !(t.temperature >= 0.0 && t.temperature.is_finite()) {
             bail!(
@@ -755,7 +563,7 @@ impl Config {
         parse_stack(&self.judges, "judge")?;
         let mut seen = std::collections::HashSet::new();
         for (i, stack) in self.stacks.iter().enumerate() {
-            if BUILTIN_MODES.contains(&stack.name.as_str()) {
+            if RESERVED_MODE_NAMES.contains(&stack.name.as_str()) {
                 bail!(
                     "stack[{i}].name = {:?} is reserved; pick another name",
                     stack.name
@@ -778,7 +586,7 @@ impl Config {
             if mode.name.is_empty() || mode.name.contains([',', ' ']) {
                 bail!("{at}: a mode name is not empty and has no commas or spaces (--modes lists names)");
             }
-            if BUILTIN_MODES.contains(&mode.name.as_str()) || self.stacks.iter().any(|s| s.name == mode.name) {
+            if RESERVED_MODE_NAMES.contains(&mode.name.as_str()) || self.stacks.iter().any(|s| s.name == mode.name) {
                 bail!("{at}: the name is a built-in mode or a [[stack]]'s; pick another");
             }
             if !seen.insert(mode.name.as_str()) {
@@ -876,7 +684,6 @@ mod tests {
         assert_eq!(config.eagle_head_named(None).unwrap(), config.base_dir.join("h"));
         let err = format!("{:#}", config.eagle_head_named(Some("coder")).unwrap_err());
         assert!(err.contains("\"coder\"") && err.contains("\"general\", \"gsm8k_2\""), "{err}");
-        assert!(config.mode_names().contains(&"eagle:exact".to_string()));
         let err = error_of("[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"ngram\"\neagle_heads = { \"a-b\" = \"g\" }\n");
         assert!(err.contains("\"a-b\"") && err.contains("eagle@<name>"), "{err}");
     }
@@ -902,20 +709,6 @@ mod tests {
         assert!(err.contains("unknown field `speculation`"), "{err}");
     }
 
-    #[test]
-    fn learned_keep_rates_and_an_sv_table_exclude_each_other() {
-        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
-        let sv = |extra: &str| Config::from_toml(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\n{extra}")).unwrap().sv;
-        assert_eq!(sv("").keep_rates(true).unwrap().unwrap(), KeepRates::new(KEEP_RATE_BINS, DEFAULT_KEEP_RATE_PRIOR_WEIGHT).unwrap());
-        assert!(sv("learn_keep_rates = true\n").keep_rates(false).unwrap().is_none());
-        let err = format!("{:#}", sv("table = \"t.json\"\n").keep_rates(true).unwrap_err());
-        assert!(err.contains("sv.table = t.json") && err.contains("learn_keep_rates"), "{err}");
-        let err = format!("{:#}", sv("keep_rate_prior_weight = -2.0\n").keep_rates(true).unwrap_err());
-        assert!(err.contains("sv.keep_rate_prior_weight") && err.contains("-2"), "{err}");
-        let config = Config::from_toml(&format!("{MINIMAL}[sv]\nlearn_keep_rates = true\n")).unwrap();
-        assert!(config.eagle_drafting().learn_keep_rates);
-    }
-
     /// SV learns keep rates by default under a lossy stack (an enabled judge), where the
     /// head's confidence undervalues what the judges keep; not under a lossless stack, not
     /// without SV, not with an acceptance table, and never against an explicit setting.
@@ -934,78 +727,6 @@ mod tests {
     }
 
     #[test]
-    fn an_sv_table_profiled_with_another_target_is_refused() {
-        use crate::sv::table::{Observation, TableOrigin};
-        let fingerprint = |sha: &str| ModelFingerprint {
-            architecture: "qwen2".into(),
-            hidden_size: 8,
-            num_layers: 2,
-            vocab_size: 30,
-            tokenizer_sha256: sha.into(),
-            source: format!("{sha}.gguf"),
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let origin = TableOrigin { target_fingerprint: Some(fingerprint("aaaa")), ..TableOrigin::default() };
-        let profile = [Observation { s: 0.5, a: 1.0, alpha: 1.0 }, Observation { s: 0.9, a: 1.0, alpha: 0.0 }];
-        AcceptanceTable::fit(&profile, 2, 1, 1, origin).unwrap().save(&dir.path().join("t.json")).unwrap();
-        let config = |table: &str| {
-            let mut c = Config::from_toml(&format!(
-                "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\ntable = {table:?}\n"
-            ))
-            .unwrap();
-            c.base_dir = dir.path().to_path_buf();
-            c
-        };
-        let budget = config("t.json").sv_budget(&fingerprint("aaaa")).unwrap();
-        assert_eq!(budget.table.unwrap().beta_by_s(0.95), 0.0);
-        let err = format!("{:#}", config("t.json").sv_budget(&fingerprint("bbbb")).unwrap_err());
-        assert!(err.contains("aaaa.gguf") && err.contains("bbbb.gguf") && err.contains("sv-profile"), "{err}");
-        let err = format!("{:#}", config("none.json").sv_budget(&fingerprint("aaaa")).unwrap_err());
-        assert!(err.contains("sv.table") && err.contains("none.json"), "{err}");
-    }
-
-    #[test]
-    fn sv_wraps_every_proposer_and_needs_a_verify_profile() {
-        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n";
-        assert!(Config::from_toml(eagle).unwrap().sv.verify_budget().unwrap().is_none(), "[sv] is off by default");
-        let draft_model = Config::from_toml(&format!("{MINIMAL}[sv]\nenabled = true\n")).unwrap();
-        assert_eq!(draft_model.speculative.proposer, ProposerKind::DraftModel);
-        assert!(draft_model.eagle_drafting().sv, "SV wraps the draft model too");
-        let lookup = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"ngram\"\n[sv]\nenabled = true\n";
-        assert!(Config::from_toml(lookup).unwrap().sv.verify_budget().unwrap().is_some(), "SV wraps prompt lookup too");
-        let err = error_of(&format!("{eagle}[sv]\nenabled = true\nlearn_verify_ms = false\n"));
-        assert!(err.contains("sv.verify_ms = []") && err.contains("learn_verify_ms"), "{err}");
-        let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[0, 50.0]]\n"));
-        assert!(err.contains("sv.verify_ms") && err.contains("0 rows"), "{err}");
-        let err = error_of(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0]]\nfixed_ms = -1\n"));
-        assert!(err.contains("sv.fixed_ms") && err.contains("-1"), "{err}");
-        let config = Config::from_toml(&format!("{eagle}[sv]\nenabled = true\nverify_ms = [[1, 50.0], [9, 60.0]]\n")).unwrap();
-        let budget = config.sv.verify_budget().unwrap().unwrap();
-        assert!(budget.options.count_bonus && budget.options.min_gamma == 0);
-        assert_eq!(budget.latency.at(5), 55.0);
-    }
-
-    #[test]
-    fn sv_learns_t_v_without_a_table_and_from_one_when_asked() {
-        let eagle = "[models]\ntarget = \"t.gguf\"\n[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n[sv]\nenabled = true\n";
-        let sv = |extra: &str| Config::from_toml(&format!("{eagle}{extra}")).unwrap().sv;
-        // No table: learned, from the generic shape.
-        let untabled = sv("");
-        assert!(untabled.learns_verify_ms() && untabled.verify_budget().unwrap().is_some());
-        let (learner, samples) = untabled.latency_learner(true, None).unwrap().unwrap();
-        assert_eq!((learner, samples), (LearnedLatency::without_prior(), 0));
-        assert!(untabled.latency_learner(false, None).unwrap().is_none(), "bench option tvfixed");
-        // A table is used as given unless learning is asked for; then it is where learning starts.
-        let tabled = sv("verify_ms = [[1, 40.0], [5, 60.0]]\n");
-        assert!(!tabled.learns_verify_ms());
-        let learning = sv("verify_ms = [[1, 40.0], [5, 60.0]]\nlearn_verify_ms = true\n");
-        assert!(learning.learns_verify_ms());
-        assert_eq!(learning.latency_learner(true, None).unwrap().unwrap().0.current().at(3), 50.0);
-        let config = Config::from_toml(&format!("{eagle}learn_verify_ms = true\n")).unwrap();
-        assert!(config.eagle_drafting().learn_verify_ms);
-    }
-
-    #[test]
     fn eagle_proposer_needs_a_head_and_no_draft() {
         let target_only = "[models]\ntarget = \"t.gguf\"\n";
         let err = error_of(&format!("{target_only}[speculative]\nproposer = \"eagle\"\n"));
@@ -1013,8 +734,6 @@ mod tests {
         let config =
             Config::from_toml(&format!("{target_only}[speculative]\nproposer = \"eagle\"\neagle_head = \"h\"\n")).unwrap();
         assert_eq!(config.speculative.proposer, ProposerKind::Eagle);
-        assert!(config.mode_names().contains(&"eagle:exact".to_string()));
-        assert!(!config.mode_names().contains(&"eagle:plain".to_string()));
         let err = error_of(&format!("{target_only}[speculative]\nproposer = \"medusa\"\n"));
         assert!(err.contains("unknown variant `medusa`"), "{err}");
         assert_eq!(config.speculative.eagle_weights, WeightFormat::F32);
@@ -1091,7 +810,6 @@ mod tests {
         let config = Config::from_toml(&text).unwrap();
         assert_eq!(config.stacks.len(), 2);
         assert_eq!(config.stacks[1].base_rule, Some(BaseRule::Rejection));
-        assert!(config.mode_names().contains(&"dm".to_string()));
         let err = error_of(&format!("{MINIMAL}[[stack]]\nname = \"exact\"\n"));
         assert!(err.contains("reserved"), "{err}");
         let err = error_of(&format!(

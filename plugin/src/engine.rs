@@ -19,25 +19,14 @@ use tokio::sync::Mutex;
 use verdict_heads::ModelFingerprint;
 
 use crate::{
-    proposers::scored::ScoredProposer,
     accept::VerdictRule,
-    config::{Config, EagleDrafting, Isq, ProposerKind, SamplingConfig, ServerConfig},
+    config::{Config, Isq, ProposerKind, SamplingConfig, ServerConfig},
     fingerprint::fingerprint,
     judge::JudgeStack,
     judges::LoadedFingerprints,
     metrics::Metrics,
     models::{cache_dir, resolve, ModelSource},
-    proposers::{
-        combined::CombinedProposer,
-        draft_model::DraftModelProposer,
-        eagle_proposer::{EagleProposer, DEFAULT_PREFIX_CACHE_BYTES},
-        ngram::{NgramProposer, NgramSettings},
-        timed::TimedProposer,
-    },
-    sv::{
-        policy::{PolicySettings, VerifyPolicy},
-        verify_budget::VerifyBudget,
-    },
+    proposers::timed::TimedProposer,
 };
 
 pub type SharedPipeline = Arc<Mutex<dyn Pipeline + Send + Sync>>;
@@ -183,114 +172,6 @@ impl LoadedModels {
             draft: self.draft_fingerprint.as_ref(),
             target_source: Some(&self.target_source),
         }
-    }
-
-    /// Prompt lookup and the EAGLE head `head` together, each step taking the proposal worth
-    /// most, under the verify-length policy `drafting` describes.
-    pub fn combined_proposer(
-        &self,
-        config: &Config,
-        head: Arc<EagleProposer>,
-        head_gamma: usize,
-        drafting: &EagleDrafting,
-    ) -> Result<Arc<VerifyPolicy<CombinedProposer>>> {
-        let lookup = Arc::new(self.lookup(config)?);
-        let combined = CombinedProposer::new(lookup, head, config.speculative.ngram_gamma, head_gamma);
-        self.verify_policy(config, drafting, Arc::new(combined))
-    }
-
-    /// The prompt-lookup proposer `[speculative]`'s n-gram lengths describe, under the
-    /// verify-length policy `[sv]` describes.
-    pub fn ngram_proposer(&self, config: &Config) -> Result<Arc<VerifyPolicy<NgramProposer>>> {
-        self.verify_policy(config, &config.eagle_drafting(), Arc::new(self.lookup(config)?))
-    }
-
-    /// SV over the draft model as `drafting` says: `None` without SV (every step drafts γ).
-    /// Its sequences then step one at a time, each verified alone.
-    pub fn draft_model_policy(&self, config: &Config, drafting: &EagleDrafting) -> Result<Option<Arc<VerifyPolicy<DraftModelProposer>>>> {
-        if !drafting.sv {
-            return Ok(None);
-        }
-        let Some(draft) = &self.draft_fingerprint else {
-            bail!("SV over the draft model needs models.draft loaded");
-        };
-        // A draft model's confidence is its own, not fitted to the target's choices as a
-        // head's is: unless the config says, SV learns what each confidence is kept at.
-        let learn_keep_rates = config.sv.learn_keep_rates.unwrap_or(config.sv.table.is_none());
-        let drafting = EagleDrafting { learn_keep_rates, ..*drafting };
-        self.verify_policy(config, &drafting, Arc::new(DraftModelProposer::new(draft.vocab_size))).map(Some)
-    }
-
-    fn lookup(&self, config: &Config) -> Result<NgramProposer> {
-        let s = &config.speculative;
-        NgramProposer::new(NgramSettings { min_n: s.ngram_min, max_n: s.ngram_max }, self.target_fingerprint.vocab_size)
-    }
-
-    /// The EAGLE-3 head of `speculative.eagle_head`, checked against the loaded target, under
-    /// the verify-length policy `[sv]` describes.
-    pub fn eagle_proposer(&self, config: &Config) -> Result<Arc<VerifyPolicy<EagleProposer>>> {
-        self.eagle_proposer_with(config, &config.eagle_drafting())
-    }
-
-    /// [`Self::eagle_proposer`] drafting as `drafting` says (its γ is the engine's).
-    pub fn eagle_proposer_with(&self, config: &Config, drafting: &EagleDrafting) -> Result<Arc<VerifyPolicy<EagleProposer>>> {
-        self.named_eagle_proposer(config, None, drafting)
-    }
-
-    /// The head `speculative.eagle_heads` names `head` (`None`: `eagle_head`), drafting as
-    /// `drafting` says, under its verify-length policy.
-    pub fn named_eagle_proposer(&self, config: &Config, head: Option<&str>, drafting: &EagleDrafting) -> Result<Arc<VerifyPolicy<EagleProposer>>> {
-        self.verify_policy(config, drafting, self.eagle_head(config, head, drafting)?)
-    }
-
-    /// The head `speculative.eagle_heads` names `head` (`None`: `eagle_head`), drafting as
-    /// `drafting` says, with no policy: every draft it makes is verified.
-    pub fn eagle_head(&self, config: &Config, head: Option<&str>, drafting: &EagleDrafting) -> Result<Arc<EagleProposer>> {
-        let head = config.eagle_head_named(head)?;
-        let proposer = EagleProposer::load(&head, drafting.weights, &self.target_source, &self.target_fingerprint)?;
-        // The head's rows for cached prefixes, kept while the engine keeps the target's.
-        let head_rows_kept = config.server.prefix_cache_bytes().map_or(0, |_| DEFAULT_PREFIX_CACHE_BYTES);
-        Ok(Arc::new(
-            proposer
-                .with_min_confidence(drafting.min_confidence)?
-                .with_min_first_confidence(drafting.min_first_confidence)?
-                .with_prefix_cache_bytes(head_rows_kept)
-                .with_batched_drafting(drafting.batched)
-                .with_packed_verify_rows(drafting.packed),
-        ))
-    }
-
-    /// SV over `proposer` as `drafting` and `[sv]` say: with `drafting.sv`, the drafts verified
-    /// are the ones worth their rows, priced by learned keep rates and T_v where asked.
-    pub fn verify_policy<P: ScoredProposer>(&self, config: &Config, drafting: &EagleDrafting, proposer: Arc<P>) -> Result<Arc<VerifyPolicy<P>>> {
-        if drafting.learn_keep_rates && !drafting.sv {
-            tracing::warn!("sv.learn_keep_rates does nothing without SV: set sv.enabled = true (bench option `sv`)");
-        }
-        let learn_verify_ms = drafting.sv && drafting.learn_verify_ms;
-        let store = config.latency_store(&self.target_fingerprint);
-        if store.is_some() && !learn_verify_ms {
-            tracing::warn!("sv.learned_verify_ms_file is kept only while SV learns T_v (sv.enabled and sv.learn_verify_ms, or the bench option `tvlearn`)");
-        }
-        let store = store.filter(|_| learn_verify_ms);
-        let (learned_latency, earlier_samples) = config.sv.latency_learner(learn_verify_ms, store.as_ref())?.unzip();
-        let budget = match drafting.sv {
-            true => Some(VerifyBudget { padded: !drafting.packed, ..config.sv_budget(&self.target_fingerprint)? }),
-            false => None,
-        };
-        Ok(Arc::new(VerifyPolicy::new(
-            proposer,
-            PolicySettings {
-                budget,
-                keep_rates: config.sv.keep_rates(drafting.sv && drafting.learn_keep_rates)?,
-                learned_latency,
-                latency_store: store.zip(earlier_samples),
-            },
-        )))
-    }
-
-    /// The judge stack of `config`'s top-level `[[judge]]` tables.
-    pub fn configured_stack(&self, config: &Config) -> Result<JudgeStack> {
-        config.stack(&self.fingerprints())
     }
 }
 
@@ -540,7 +421,7 @@ pub struct Generation {
     pub completion_seconds: f64,
     /// Per generated token, when asked for: its text and the best candidates as
     /// (token id, text, score), the score being the target's log-probability (natural log,
-    /// before temperature: mistral.rs `0025`), so two scores differ as their logits do.
+    /// before temperature, as the patched mistral.rs reports it), so two scores differ as their logits do.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub top_tokens: Vec<(String, Vec<Candidate>)>,
 }

@@ -84,9 +84,9 @@ impl FromStr for QuantKernel {
     }
 }
 
-/// Which thread runs a CPU forward (mistral.rs patch `0020`): a thread of the rayon pool that
-/// candle's kernels split each op over, the pool's other threads kept polling for work until
-/// the forward ends (patch `0033`: what `verdict` runs); the same with the other threads
+/// Which thread runs a CPU forward (a hook of the patched mistral.rs): a thread of the rayon
+/// pool that candle's kernels split each op over, the pool's other threads kept polling for
+/// work until the forward ends (what `verdict` runs); the same with the other threads
 /// falling asleep between parallel ops, as rayon lets them; or the engine thread that asks
 /// for it, as upstream does, handing every parallel op to the pool and waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

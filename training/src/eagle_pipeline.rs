@@ -17,7 +17,8 @@ use verdict::{
     proposers::eagle_proposer::{capture_layers, target_embeddings},
 };
 use verdict_eval::{
-    bench::{self, BenchOptions, Mode},
+    bench::{self, BenchOptions},
+    modes::Mode,
     prompts::PromptRecord,
     subset::Subset,
     tasks::{gsm8k, TaskAdapter},

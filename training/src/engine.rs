@@ -215,8 +215,8 @@ impl MistralEngines {
     /// position is always among them).
     ///
     /// The capture is armed for whichever thread runs a forward, so a window could record a
-    /// stray forward (mistral.rs 0.8.1 ran one more for a request its prompt step finished,
-    /// until patch 0011). Each capture is therefore checked: one recording per requested
+    /// stray forward (stock mistral.rs 0.8.1 runs one more for a request its prompt step
+    /// finished; the patch series stops it). Each capture is therefore checked: one recording per requested
     /// layer, the last hidden state over this forward's positions, and the LM head applied
     /// to it giving this forward's logits. A failed check is retried.
     pub fn capture(

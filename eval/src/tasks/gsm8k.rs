@@ -64,7 +64,7 @@ The final answer is 35.
 
 Problem: ";
 
-/// Repeated after the problem: far from the instruction at the top, the target ended 2–3 % of
+/// Repeated after the problem: far from the instruction at the top, the target ended some
 /// test answers with a sentence like "So, John paid $360." and no committed line.
 const REMINDER: &str = "(Plain text, no code. Last line: \"The final answer is <number>.\")";
 

@@ -9,9 +9,8 @@
 //!
 //! With `candidates = N` the heads score only the target's N most likely tokens and the
 //! draft: N rows of the LM head read from the target's weights instead of all 151,936, and
-//! distributions renormalised over those tokens. Next to an EAGLE step (≈ 65 ms here) the
-//! full LM head's K rows and K + 1 full-vocabulary softmaxes are a large share; N rows are
-//! not. The votes and JS terms change only by the mass outside the candidates.
+//! distributions renormalised over those tokens. Next to an EAGLE step on a CPU the full LM
+//! head's K rows and K + 1 full-vocabulary softmaxes are a large share; N rows are not. The votes and JS terms change only by the mass outside the candidates.
 
 use std::sync::Arc;
 

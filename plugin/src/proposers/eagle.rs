@@ -150,9 +150,8 @@ impl SequenceDrafter {
     }
 
     /// [`Self::draft`], stopping before a draft whose best token the head gives less than
-    /// `min_confidence` (the first draft is always made). Each draft costs a verify row, and
-    /// here a row costs ≈ 8 % of a decoded token: drafts the target is unlikely to keep do
-    /// not pay for theirs. The cut reads only the head's own distribution, so rejection
+    /// `min_confidence` (the first draft is always made). Each draft costs a verify row: drafts
+    /// the target is unlikely to keep do not pay for theirs. The cut reads only the head's own distribution, so rejection
     /// sampling stays lossless.
     pub fn draft_confident(
         &mut self,

@@ -122,7 +122,7 @@ impl EagleProposer {
     }
 
     /// Draft nothing when the head gives its first draft less than `p`: the step then
-    /// verifies one row, a plain decode, which here costs ≈ 30 % less than a verify of two.
+    /// verifies one row, a plain decode, which costs less than a verify of two.
     pub fn with_min_first_confidence(mut self, p: f32) -> Result<Self> {
         ensure!((0.0..1.0).contains(&p), "EAGLE min first-draft confidence {p} outside [0, 1)");
         self.min_first_confidence = p;

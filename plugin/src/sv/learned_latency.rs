@@ -1,7 +1,6 @@
 //! T_v learned while decoding, from the steps this machine actually runs. A verify row's
-//! price differs several-fold between CPUs (5 rows cost 1.10× one on one machine we ran,
-//! 1.88× on another, more without AVX-512), so a table measured elsewhere makes SV verify
-//! too many drafts or too few; learned, `[sv]` works on any machine without a profile.
+//! price differs several-fold between CPUs (docs/throughput.md), so a table measured
+//! elsewhere makes SV verify too many drafts or too few; learned, `[sv]` works on any machine without a profile.
 //!
 //! Each step's time, from the start of its drafting to the head's next observation (drafts,
 //! verify, accept rule), is a sample for its verify's row count. The estimate for a measured

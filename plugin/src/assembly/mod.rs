@@ -1,7 +1,11 @@
 //! Assembly: the engine a config asks for, built from loaded models. Settings live in
-//! [`crate::config`]; this is the one place that turns them into a judge stack, a proposer
-//! with its verify-length policy, and the [`Engine`] over them (`verdict serve` and
-//! `verdict generate` run what it returns).
+//! [`crate::config`]; this is the one place that turns them into a judge stack
+//! ([`stack`]), a proposer ([`proposers`]) with its verify-length policy ([`policy`]), and
+//! the [`Engine`] over them (`verdict serve` and `verdict generate` run what it returns).
+
+pub mod policy;
+pub mod proposers;
+pub mod stack;
 
 use std::sync::Arc;
 
