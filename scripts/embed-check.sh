@@ -39,6 +39,9 @@ EOF
 
 # The CPU kernels need the host's SIMD, as in the workspace.
 cp "$repo/.cargo/config.toml" "$dir/.cargo/config.toml"
+# The dependency versions this workspace is tested with (cargo drops the entries it does not
+# need); without it cargo resolves the newest compatible versions.
+cp "$repo/Cargo.lock" "$dir/Cargo.lock"
 
 cat > "$dir/verdict.toml" <<'EOF'
 [models]
@@ -76,7 +79,10 @@ fn main() -> Result<()> {
     tokio::runtime::Runtime::new()?.block_on(async {
         let metrics = Arc::new(Metrics::default());
         let (engine, _policy) = configured_engine(&config, &models, metrics.clone()).await?;
-        let prompt = Prompt::Chat("Write a Python function that returns the square of x.".into());
+        // A function to complete: the answer repeats its signature, which prompt lookup drafts.
+        let prompt = Prompt::Chat(
+            "Complete this function; answer with the whole function.\n\ndef square(x):\n    \"\"\"Return x times x.\"\"\"\n".into(),
+        );
         let answer = generate(&engine.mistralrs, &prompt, &config.sampling).await?;
         println!("{}", answer.text);
         let c = metrics.snapshot();

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-CRATES = ["plugin", "eval", "cli", "training", "heads"]
+CRATES = ["plugin", "eval", "cli", "training", "head-models"]
 
 
 def module_of(crate_src, path):
