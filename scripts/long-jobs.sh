@@ -13,7 +13,10 @@
 # What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
 # (2), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (3), heads/gsm8k_head.* (4).
 # GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K, MINE_MBPP
-# and MINE_MATH the problems to mine of each (default 1000, 300 and 600).
+# and MINE_MATH the problems to mine of each (default 300, 300 and 100, ≈ 10,000 labels; a
+# larger count later mines on from where the file stops). MATH's long answers make each
+# regeneration dear, so its mining takes the paper's shortcut (--important-below 0.01),
+# answers capped at 512 tokens as in the evaluation (320 elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 release="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}/release"
@@ -47,11 +50,12 @@ say "3/4 labels for a judge of EAGLE drafts"
 # The mixture's prompts (MATH's are mined) are rebuilt where a new machine lacks them.
 [ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
-  --first 0 --problems "${MINE_GSM8K:-1000}" --labels heads/eagle_labels_gsm8k.jsonl
+  --first 0 --problems "${MINE_GSM8K:-300}" --labels heads/eagle_labels_gsm8k.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --task mbpp \
   --first 0 --problems "${MINE_MBPP:-300}" --labels heads/eagle_labels_mbpp.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$work/prompts.jsonl" \
-  --source math --first 0 --problems "${MINE_MATH:-600}" --labels heads/eagle_labels_math.jsonl
+  --source math --first 0 --problems "${MINE_MATH:-100}" --max-response-tokens 512 \
+  --important-below 0.01 --labels heads/eagle_labels_math.jsonl
 
 # 4: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
 # head over the three sets (each holding out its own problems) as heads/gsm8k_head.safetensors.

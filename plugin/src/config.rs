@@ -315,10 +315,17 @@ impl SvConfig {
         if !self.enabled {
             return Ok(());
         }
+        self.checked_fixed_ms()?;
+        self.configured_latency().map(drop)
+    }
+
+    /// `fixed_ms`, refused unless it is a finite number ≥ 0 (a bench mode may turn SV on
+    /// over a config that has it off, so the budget checks it too).
+    pub fn checked_fixed_ms(&self) -> Result<f64> {
         if !(self.fixed_ms >= 0.0 && self.fixed_ms.is_finite()) {
             bail!("sv.fixed_ms must be a finite number >= 0, got {}", self.fixed_ms);
         }
-        self.configured_latency().map(drop)
+        Ok(self.fixed_ms)
     }
 
     /// T_v as configured: `verify_ms` fitted, or, with none given and learning on, the
@@ -334,7 +341,6 @@ impl SvConfig {
             )
         })
     }
-
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

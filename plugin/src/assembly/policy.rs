@@ -105,15 +105,13 @@ pub fn verify_budget(sv: &SvConfig) -> Result<Option<VerifyBudget>> {
 /// The budget these settings make, whether `[sv]` is on or not (a bench mode may ask
 /// for it).
 pub fn budget(sv: &SvConfig) -> Result<VerifyBudget> {
-    if !(sv.fixed_ms >= 0.0 && sv.fixed_ms.is_finite()) {
-        bail!("sv.fixed_ms must be a finite number >= 0, got {}", sv.fixed_ms);
-    }
+    let fixed_ms = sv.checked_fixed_ms()?;
     Ok(VerifyBudget {
         // When learning, the proposer prices rows by the learned T_v instead.
         latency: sv.configured_latency()?,
         options: GoodputOptions {
             count_bonus: sv.count_bonus,
-            fixed_ms: sv.fixed_ms,
+            fixed_ms,
             min_gamma: sv.min_gamma,
             search: Search::EarlyStop,
         },
