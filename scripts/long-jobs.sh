@@ -5,15 +5,23 @@
 #   1. the general EAGLE head (issue 50): `train-head eagle` on the prompt mixture (prompts,
 #      responses, features, training: every stage resumes);
 #   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports);
-#   3. labels for a judge of EAGLE drafts (issue 53): GSM8K train problems, MBPP's tasks
-#      after the evaluated ones (pass/fail on their asserts), then the mixture's MATH
-#      prompts, mined with the general head's first drafts;
-#   4. their target-only features and one judge head over the three label sets
-#      (heads/gsm8k_head.safetensors).
+#   3. the training-free judges against lossless drafting on training-side problems
+#      (scripts/judges-tuning.sh, PASS=free: resumable reports);
+#   4. labels for a judge of EAGLE drafts (issue 53), mined with the general head's first
+#      drafts: GSM8K train problems the head never trained on (from 1000; its mixture took
+#      0-599), MBPP's tasks after the evaluated ones (pass/fail on their asserts; the head
+#      saw them all, and the last 50 are left to choose a stack on), then MATH problems
+#      outside MATH-500 and outside the head's mixture (its 600 MATH prompts come first in
+#      a mixture of MATH alone, so mining starts at 600 there);
+#   5. their target-only features and one judge head over the three label sets
+#      (heads/gsm8k_head.safetensors);
+#   6. that judge against lossless drafting on the same training-side problems
+#      (scripts/judges-tuning.sh, PASS=autojudge).
 # What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
-# (2), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (3), heads/gsm8k_head.* (4).
+# (2), bench-results/tuning-* (3, 6), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (4),
+# heads/gsm8k_head.* (5).
 # GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K, MINE_MBPP
-# and MINE_MATH the problems to mine of each (default 300, 300 and 100, ≈ 10,000 labels; a
+# and MINE_MATH the problems to mine of each (default 300, 250 and 100, ≈ 10,000 labels; a
 # larger count later mines on from where the file stops). MATH's long answers make each
 # regeneration dear, so its mining takes the paper's shortcut (--important-below 0.01),
 # answers capped at 512 tokens as in the evaluation (320 elsewhere).
@@ -33,7 +41,7 @@ done
 say() { echo "$(date -u +%FT%TZ) long-jobs: $*"; }
 
 if [ ! -f heads/general-eagle3/config.json ]; then
-  say "1/4 the general EAGLE head"
+  say "1/6 the general EAGLE head"
   [ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
   "$bin/train-head" eagle --config configs/default.toml --data-dir "$gsm8k_dir" \
     --prompts "$work/prompts.jsonl" --problems 2198 --temperature 0 --max-tokens 512 \
@@ -41,32 +49,39 @@ if [ ! -f heads/general-eagle3/config.json ]; then
 fi
 
 if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
-  say "2/4 issue 50's acceptance runs"
+  say "2/6 issue 50's acceptance runs"
   CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
   touch .verdict-work/long-jobs/acceptance.done
 fi
 
-say "3/4 labels for a judge of EAGLE drafts"
-# The mixture's prompts (MATH's are mined) are rebuilt where a new machine lacks them.
-[ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
+say "3/6 the training-free judges on training-side problems"
+GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=free bash scripts/judges-tuning.sh
+
+say "4/6 labels for a judge of EAGLE drafts"
+math_prompts="$work/math-prompts.jsonl"
+[ -f "$math_prompts" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir" \
+  --gsm8k 0 --math 1200 --code 0 --qa 0 --out "$math_prompts"
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
-  --first 0 --problems "${MINE_GSM8K:-300}" --labels heads/eagle_labels_gsm8k.jsonl
+  --first 1000 --problems "${MINE_GSM8K:-300}" --labels heads/eagle_labels_gsm8k.jsonl
 "$bin/train-head" mine --eagle-head heads/general-eagle3 --task mbpp \
-  --first 0 --problems "${MINE_MBPP:-300}" --labels heads/eagle_labels_mbpp.jsonl
-"$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$work/prompts.jsonl" \
-  --source math --first 0 --problems "${MINE_MATH:-100}" --max-response-tokens 512 \
+  --first 0 --problems "${MINE_MBPP:-250}" --labels heads/eagle_labels_mbpp.jsonl
+"$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$math_prompts" \
+  --source math --first 600 --problems "${MINE_MATH:-100}" --max-response-tokens 512 \
   --important-below 0.01 --labels heads/eagle_labels_math.jsonl
 
-# 4: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
+# 5: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
 # head over the three sets (each holding out its own problems) as heads/gsm8k_head.safetensors.
-say "4/4 features and the judge of EAGLE drafts"
+say "5/6 features and the judge of EAGLE drafts"
 features=.verdict-work/eagle-judge
 "$bin/train-head" features --target-only --config configs/tasks.toml --data-dir "$gsm8k_dir" \
   --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k"
 "$bin/train-head" features --target-only --config configs/tasks.toml --task mbpp \
   --labels heads/eagle_labels_mbpp.jsonl --features "$features/mbpp"
-"$bin/train-head" features --target-only --config configs/tasks.toml --prompts "$work/prompts.jsonl" \
+"$bin/train-head" features --target-only --config configs/tasks.toml --prompts "$work/math-prompts.jsonl" \
   --source math --labels heads/eagle_labels_math.jsonl --features "$features/math"
 "$bin/train-head" fit --spec target --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k" \
   --and "heads/eagle_labels_mbpp.jsonl,$features/mbpp" --and "heads/eagle_labels_math.jsonl,$features/math"
+
+say "6/6 the judge of EAGLE drafts on training-side problems"
+GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=autojudge bash scripts/judges-tuning.sh
 say "done"

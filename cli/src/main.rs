@@ -62,8 +62,8 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
         /// The task: gsm8k (test split, or --split of --data-dir), humaneval (164), mbpp (its
-        /// 200 evaluation tasks, ids 11-210) or math500. Code tasks run each answer's tests in a
-        /// sandbox (needs root and util-linux).
+        /// 200 evaluation tasks, ids 11-210; --split train: the 300 after them) or math500.
+        /// Code tasks run each answer's tests in a sandbox (needs root and util-linux).
         #[arg(long, alias = "dataset", default_value = "gsm8k", conflicts_with = "suite")]
         task: verdict_eval::benchmark::TaskName,
         /// Run N problems (after --offset) of every task, GSM8K test, HumanEval, MBPP and
@@ -85,6 +85,8 @@ enum Command {
         /// with plain decoding's sample of the same number.
         #[arg(long, default_value_t = 1)]
         seeds: usize,
+        /// Which problems of the task: test, or train (GSM8K's train.jsonl, MBPP's tasks after
+        /// the evaluated ones) to choose settings without touching evaluation problems.
         #[arg(long, default_value = "test")]
         split: String,
         /// Problems to run at most (after --offset); default: to the end of the selection.
@@ -371,6 +373,10 @@ fn main() -> Result<()> {
                 eprintln!("report at {}", out.display());
                 return Ok(());
             };
+            // Checked before the first task runs, not when a later one fails to load.
+            for task in verdict_eval::benchmark::TaskName::ALL {
+                task.check_split(&options.split).context("--suite runs every task")?;
+            }
             let mut runs = Vec::new();
             for task in verdict_eval::benchmark::TaskName::ALL {
                 let out = verdict_eval::suite::task_report_path(&out, task);
@@ -379,7 +385,7 @@ fn main() -> Result<()> {
                     subset: Subset { ids: None, offset, limit: Some(per_task) },
                     out: out.clone(),
                     modes: options.modes.clone(),
-                    split: if task == verdict_eval::benchmark::TaskName::Gsm8k { options.split.clone() } else { "test".into() },
+                    split: options.split.clone(),
                     data_dir: options.data_dir.clone(),
                     sandbox_python: options.sandbox_python.clone(),
                     hold_while: options.hold_while.clone(),

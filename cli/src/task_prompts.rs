@@ -40,7 +40,7 @@ pub fn task_prompts(config: &Config, task: TaskName, subset: &Subset) -> Result<
         task,
         &BenchmarkSource {
             gsm8k_dir: &gsm8k_dir,
-            gsm8k_split: "test",
+            split: "test",
             cache_dir: &cache_dir,
             sandbox_python: &python,
             sandbox_limits: SandboxLimits::default(),

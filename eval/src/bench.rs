@@ -266,7 +266,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         options.task,
         &BenchmarkSource {
             gsm8k_dir: &options.data_dir,
-            gsm8k_split: &options.split,
+            split: &options.split,
             cache_dir: &cache_dir,
             sandbox_python: &options.sandbox_python,
             sandbox_limits: SandboxLimits::default(),
@@ -627,7 +627,7 @@ pub fn run(config: &Config, options: &BenchOptions) -> Result<BenchReport> {
         .collect();
     let report = serde_json::json!({
         "dataset": options.task.as_str(),
-        "split": if options.task == TaskName::Gsm8k { options.split.as_str() } else { "test" },
+        "split": options.split,
         "problems": selected.len(),
         "seeds": options.seeds,
         "problem_ids": selected,

