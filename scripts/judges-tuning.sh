@@ -10,8 +10,7 @@
 # issue "Fast on what users send"). PASS=free (default) compares FLy (windows 2 and 3, and
 # drafting up to 8 with and without SV; DropMatch and FSD were measured before and are left
 # to the acceptance runs); PASS=autojudge adds the
-# judge of EAGLE drafts once heads/gsm8k_head.safetensors exists (configs/judges-tuning.toml
-# names it). Run it alone on the cores; `touch .verdict-work/hold-bench` lends them out
+# judge of EAGLE drafts once heads/gsm8k_head.safetensors exists. Run it alone on the cores; `touch .verdict-work/hold-bench` lends them out
 # between problems (HOLD names another file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,20 +23,18 @@ pass="${PASS:-free}"
 head=ngram+eagle@general
 case "$pass" in
   free)
-    config=configs/tasks.toml
     modes="plain,$head:exact,$head:fly,$head-g8:fly,$head-sv-g8:fly,$head:fly-w3"
     ;;
   autojudge)
-    config=configs/judges-tuning.toml
     [ -f heads/gsm8k_head.safetensors ] || { echo "no heads/gsm8k_head.safetensors: fit the judge of EAGLE drafts first (scripts/long-jobs.sh)" >&2; exit 1; }
     modes="plain,$head:exact,$head:autojudge,$head-sv-g8:autojudge,$head:autojudge+fly"
     ;;
   *) echo "PASS is free or autojudge, got '$pass'" >&2; exit 1 ;;
 esac
-"$verdict" bench --config "$config" --task gsm8k --split train --data-dir "$gsm8k_dir" \
+"$verdict" bench --config configs/tasks.toml --task gsm8k --split train --data-dir "$gsm8k_dir" \
   --offset 1300 --limit "${N_GSM8K:-30}" --max-tokens 512 --modes "$modes" \
   --out "bench-results/tuning-$pass-gsm8k-train.json" --hold-while "$hold"
-"$verdict" bench --config "$config" --task mbpp --split train \
+"$verdict" bench --config configs/tasks.toml --task mbpp --split train \
   --offset 250 --limit "${N_MBPP:-50}" --max-tokens 512 --modes "$modes" \
   --out "bench-results/tuning-$pass-mbpp-train.json" --hold-while "$hold"
 for report in bench-results/tuning-"$pass"-*.json; do
