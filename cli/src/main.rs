@@ -281,7 +281,8 @@ enum Command {
     /// over all steps and the pairing with a baseline mode (each problem once per mode, from
     /// the first report that has it). Tokens/s are not pooled.
     PoolReports {
-        /// `verdict bench` JSON reports (their --out files).
+        /// `verdict bench` JSON reports (their --out files), of one task or several (a table
+        /// per task, then one over every task).
         #[arg(required = true)]
         reports: Vec<PathBuf>,
         /// The mode every other is paired with.
@@ -414,14 +415,29 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::PoolReports { reports, baseline, ratio } => {
-            let (task, by_mode) = verdict_cli::pool::load(&reports)?;
-            print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool(task, &by_mode, &Mode(baseline))));
-            for spec in ratio {
-                let Some((a, b)) = spec.split_once('/') else {
-                    anyhow::bail!("--ratio {spec:?}: give two modes as A/B");
-                };
-                let (problems, tau_a, tau_b) = verdict_cli::pool::tau_ratio(&by_mode, &Mode(a.into()), &Mode(b.into()))?;
-                println!("τ({a}) / τ({b}) on {problems} problems: {tau_a:.3} / {tau_b:.3} = {:.4}", tau_a / tau_b);
+            let ratios = ratio
+                .iter()
+                .map(|spec| match spec.split_once('/') {
+                    Some((a, b)) => Ok((Mode(a.into()), Mode(b.into()))),
+                    None => Err(anyhow::anyhow!("--ratio {spec:?}: give two modes as A/B")),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let by_task = verdict_cli::pool::load(&reports)?;
+            let baseline = Mode(baseline);
+            for (task, by_mode) in &by_task {
+                if by_task.len() > 1 {
+                    println!("## {task}\n");
+                }
+                print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool(*task, by_mode, &baseline)));
+                for (a, b) in &ratios {
+                    let (problems, tau_a, tau_b) = verdict_cli::pool::tau_ratio(by_mode, a, b).with_context(|| format!("{task}"))?;
+                    println!("τ({}) / τ({}) on {problems} problems: {tau_a:.3} / {tau_b:.3} = {:.4}", a.0, b.0, tau_a / tau_b);
+                }
+                println!();
+            }
+            if by_task.len() > 1 {
+                println!("## All tasks\n");
+                print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool_over_tasks(&by_task, &baseline)));
             }
             Ok(())
         }

@@ -3,10 +3,11 @@
 //! points of accuracy, and a longer comparison is often split over reports (problems 0–49
 //! in one, 50–199 in another, one mode per run).
 //!
-//! Each (problem, mode) counts once, from the first report that has it. τ is pooled over
-//! all steps as the bench computes it for one run; a mode is paired with the baseline on
-//! the problems both have. Tokens/s are not pooled: reports from different processes saw
-//! different machine speeds.
+//! Each (problem, mode) counts once, from the first report of its task that has it. τ is
+//! pooled over all steps as the bench computes it for one run; a mode is paired with the
+//! baseline on the problems both have. Reports of several tasks give a table per task and
+//! one over every task, each problem paired within its own task. Tokens/s are not pooled:
+//! reports from different processes saw different machine speeds.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -37,27 +38,24 @@ fn gsm8k() -> String {
     TaskName::Gsm8k.as_str().into()
 }
 
-/// The runs of `reports` and the task they share, the first report holding a (problem,
-/// mode) winning. Reports of different tasks are refused: their problems share indices.
-pub fn load(reports: &[PathBuf]) -> Result<(TaskName, RunsByMode)> {
-    let mut by_mode = RunsByMode::new();
-    let mut task: Option<(TaskName, &PathBuf)> = None;
+/// Every task's runs in `reports`, within a task the first report holding a (problem, mode)
+/// winning (tasks number their problems independently, so they are kept apart).
+pub fn load(reports: &[PathBuf]) -> Result<BTreeMap<TaskName, RunsByMode>> {
+    let mut by_task: BTreeMap<TaskName, RunsByMode> = BTreeMap::new();
     for path in reports {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let report: Report = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a `verdict bench` report (its --out file)", path.display()))?;
-        let this: TaskName = report.dataset.parse().with_context(|| format!("{}", path.display()))?;
-        match task {
-            Some((first, first_path)) if first != this => {
-                bail!("{} is a {this} report but {} is a {first} one: pool one task at a time", path.display(), first_path.display())
-            }
-            _ => task = Some((this, path)),
-        }
+        let task: TaskName = report.dataset.parse().with_context(|| format!("{}", path.display()))?;
+        let by_mode = by_task.entry(task).or_default();
         for run in report.runs {
             by_mode.entry(run.mode.clone()).or_default().entry((run.problem, run.seed)).or_insert(run);
         }
     }
-    Ok((task.map_or(TaskName::Gsm8k, |(t, _)| t), by_mode))
+    if by_task.is_empty() {
+        bail!("no reports given");
+    }
+    Ok(by_task)
 }
 
 /// One mode over the pooled problems.
@@ -72,29 +70,39 @@ pub struct PooledMode {
     pub against_baseline: Option<(usize, PairedStats)>,
 }
 
-/// Each mode pooled, the baseline first.
+/// Each mode pooled over one task's runs, the baseline first.
 pub fn pool(task: TaskName, by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
-    let answers = task.answers();
-    let base = by_mode.get(baseline);
-    let mut modes: Vec<&Mode> = by_mode.keys().collect();
+    pool_over_tasks(&BTreeMap::from([(task, by_mode.clone())]), baseline)
+}
+
+/// Each mode pooled over every task's runs, the baseline first; a run is paired with the
+/// baseline's run of the same task, problem and seed.
+pub fn pool_over_tasks(by_task: &BTreeMap<TaskName, RunsByMode>, baseline: &Mode) -> Vec<PooledMode> {
+    let mut modes: Vec<&Mode> = by_task.values().flat_map(|by_mode| by_mode.keys()).collect();
     modes.sort_by_key(|m| (*m != baseline, (*m).clone()));
+    modes.dedup();
+    let has_baseline = by_task.values().any(|by_mode| by_mode.contains_key(baseline));
     modes
         .into_iter()
         .map(|mode| {
-            let mine = &by_mode[mode];
-            let against_baseline = base.filter(|_| mode != baseline).map(|base| {
-                let common: Vec<(usize, usize)> = mine.keys().filter(|p| base.contains_key(p)).copied().collect();
-                let identical = common.iter().filter(|p| mine[p].text == base[p].text).count();
-                let pairs: Vec<Pair> = common.iter().map(|p| pair(&*answers, &base[p], &mine[p])).collect();
-                (identical, paired_stats(&pairs))
-            });
-            PooledMode {
-                mode: mode.clone(),
-                problems: mine.len(),
-                correct: mine.values().filter(|r| r.correct).count(),
-                counters: Counters::total(mine.values().filter_map(|r| r.counters.as_ref())),
-                against_baseline,
+            let mut pooled = PooledMode { mode: mode.clone(), problems: 0, correct: 0, counters: None, against_baseline: None };
+            let mut counters = Vec::new();
+            let (mut identical, mut pairs) = (0, Vec::<Pair>::new());
+            for (task, by_mode) in by_task {
+                let Some(mine) = by_mode.get(mode) else { continue };
+                pooled.problems += mine.len();
+                pooled.correct += mine.values().filter(|r| r.correct).count();
+                counters.extend(mine.values().filter_map(|r| r.counters.clone()));
+                let Some(base) = by_mode.get(baseline).filter(|_| mode != baseline) else { continue };
+                let answers = task.answers();
+                for (key, run) in mine.iter().filter(|(key, _)| base.contains_key(key)) {
+                    identical += usize::from(run.text == base[key].text);
+                    pairs.push(pair(&*answers, &base[key], run));
+                }
             }
+            pooled.counters = Counters::total(counters.iter());
+            pooled.against_baseline = (has_baseline && mode != baseline).then(|| (identical, paired_stats(&pairs)));
+            pooled
         })
         .collect()
 }
@@ -115,7 +123,7 @@ pub fn tau_ratio(by_mode: &RunsByMode, a: &Mode, b: &Mode) -> Result<(usize, f64
 /// The pooled modes as a Markdown table.
 pub fn table(pooled: &[PooledMode]) -> String {
     let mut out = String::from(
-        "| mode | problems | correct | τ | tokens / step | vs baseline: problems, identical texts, better / worse, McNemar p |\n|---|---|---|---|---|---|\n",
+        "| mode | problems | correct | τ | tokens / step | vs baseline: problems, identical texts, Δ accuracy [95% CI], better / worse, McNemar p |\n|---|---|---|---|---|---|\n",
     );
     for m in pooled {
         let (tau, per_step) = match &m.counters {
@@ -126,7 +134,16 @@ pub fn table(pooled: &[PooledMode]) -> String {
             _ => ("–".into(), "–".into()),
         };
         let paired = m.against_baseline.as_ref().map_or("–".into(), |(identical, s)| {
-            format!("{}, {identical}, {} / {}, {:.2}", s.problems, s.better, s.worse, s.mcnemar_p)
+            format!(
+                "{}, {identical}, {:+.1} [{:+.1}, {:+.1}], {} / {}, {:.2}",
+                s.problems,
+                100.0 * s.accuracy_difference,
+                100.0 * s.difference_ci95.0,
+                100.0 * s.difference_ci95.1,
+                s.better,
+                s.worse,
+                s.mcnemar_p
+            )
         });
         out += &format!("| {} | {} | {} | {tau} | {per_step} | {paired} |\n", m.mode.0, m.problems, m.correct);
     }
@@ -184,8 +201,10 @@ mod tests {
             "b.json",
             vec![run(1, "exact", false, "w", Some((100, 0))), run(2, "exact", false, "v", Some((20, 5)))],
         );
-        let (task, by_mode) = load(&[first, second]).unwrap();
-        let pooled = pool(task, &by_mode, &Mode::plain());
+        let by_task = load(&[first, second]).unwrap();
+        let (task, by_mode) = by_task.iter().next().unwrap();
+        assert_eq!((by_task.len(), *task), (1, TaskName::Gsm8k), "reports without a dataset are GSM8K's");
+        let pooled = pool(*task, by_mode, &Mode::plain());
         assert_eq!(pooled[0].mode, Mode::plain(), "the baseline first");
         assert!(pooled[0].against_baseline.is_none() && pooled[0].counters.is_none());
         let exact = &pooled[1];
@@ -196,8 +215,50 @@ mod tests {
         let (identical, stats) = exact.against_baseline.as_ref().unwrap();
         assert_eq!((stats.problems, *identical, stats.better, stats.worse), (2, 1, 1, 0));
         let shown = table(&pooled);
-        assert!(shown.contains("| exact | 3 | 2 | 1.500 | 1.500 | 2, 1, 1 / 0, 1.00 |"), "{shown}");
+        assert!(shown.contains("| exact | 3 | 2 | 1.500 | 1.500 | 2, 1, +50.0 [+0.0, +100.0], 1 / 0, 1.00 |"), "{shown}");
         assert!(shown.contains("| plain | 2 | 1 | – | – | – |"), "{shown}");
+    }
+
+    fn task_report(dir: &std::path::Path, name: &str, task: TaskName, runs: Vec<Run>) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::json!({ "dataset": task.as_str(), "summary": [], "runs": runs }).to_string()).unwrap();
+        path
+    }
+
+    /// Reports of two tasks pool apart (their problem 0s are different problems) and together,
+    /// each run paired with the baseline of its own task.
+    #[test]
+    fn tasks_pool_apart_and_over_all_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let gsm8k = task_report(
+            dir.path(),
+            "g.json",
+            TaskName::Gsm8k,
+            vec![run(0, "plain", true, "x", None), run(0, "fly", false, "y", Some((10, 10)))],
+        );
+        let mbpp = task_report(
+            dir.path(),
+            "m.json",
+            TaskName::Mbpp,
+            vec![
+                run(0, "plain", false, "p", None),
+                run(1, "plain", true, "q", None),
+                run(0, "fly", false, "p", Some((10, 0))),
+                run(1, "fly", true, "q", Some((20, 10))),
+            ],
+        );
+        let by_task = load(&[gsm8k, mbpp]).unwrap();
+        assert_eq!(by_task.keys().copied().collect::<Vec<_>>(), vec![TaskName::Gsm8k, TaskName::Mbpp]);
+        assert_eq!(by_task[&TaskName::Gsm8k][&Mode("fly".into())].len(), 1, "MBPP's problem 0 is not GSM8K's");
+        let all = pool_over_tasks(&by_task, &Mode::plain());
+        let fly = &all[1];
+        assert_eq!((fly.problems, fly.correct), (3, 1));
+        // τ over all 40 steps: 1 + 20 / 40.
+        assert!((fly.counters.as_ref().unwrap().mean_acceptance_length() - 1.5).abs() < 1e-12);
+        // Paired within each task: GSM8K's answer lost, MBPP's two texts identical.
+        let (identical, stats) = fly.against_baseline.as_ref().unwrap();
+        assert_eq!((stats.problems, *identical, stats.better, stats.worse), (3, 2, 0, 1));
+        assert!((stats.accuracy_difference + 1.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]

@@ -174,7 +174,7 @@ mod tests {
         ];
         let modes = [Mode::plain(), "ngram:exact".parse().unwrap(), "ngram:fly".parse().unwrap()];
         let pooled = pool_over_tasks(&per_task, &modes);
-        assert_eq!((pooled[0].speed_vs_plain.clone(), pooled[0].paired.clone(), pooled[0].speed_vs_reference.clone()), (None, None, None));
+        assert_eq!((pooled[0].speed_vs_plain, pooled[0].paired.clone(), pooled[0].speed_vs_reference.clone()), (None, None, None));
         let ngram = &pooled[1];
         assert_eq!((ngram.problems, ngram.correct, ngram.identical_to_plain), (2, 2, Some(1)));
         // 200 tokens in 17.5 s against 200 in 20 s; the first speculative mode is its own reference.
