@@ -16,10 +16,13 @@
 #   5. their target-only features and one judge head over the three label sets
 #      (heads/gsm8k_head.safetensors);
 #   6. that judge against lossless drafting on the same training-side problems
-#      (scripts/judges-tuning.sh, PASS=autojudge).
+#      (scripts/judges-tuning.sh, PASS=autojudge);
+#   7. PAD's rollout labels (500 of the draft model's GSM8K train mismatches, the paper's
+#      α 0.8, 4 rollouts a side at T 0.7, batched) and its pivot head
+#      (heads/gsm8k_pad_head.safetensors).
 # What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
 # (2), bench-results/tuning-* (3, 6), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (4),
-# heads/gsm8k_head.* (5).
+# heads/gsm8k_head.* (5), heads/gsm8k_pad_labels.jsonl and heads/gsm8k_pad_head.* (7).
 # GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K, MINE_MBPP
 # and MINE_MATH the problems to mine of each (default 300, 250 and 100, ≈ 10,000 labels; a
 # larger count later mines on from where the file stops). MATH's long answers make each
@@ -41,7 +44,7 @@ done
 say() { echo "$(date -u +%FT%TZ) long-jobs: $*"; }
 
 if [ ! -f heads/general-eagle3/config.json ]; then
-  say "1/6 the general EAGLE head"
+  say "1/7 the general EAGLE head"
   [ -f "$work/prompts.jsonl" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir"
   "$bin/train-head" eagle --config configs/default.toml --data-dir "$gsm8k_dir" \
     --prompts "$work/prompts.jsonl" --problems 2198 --temperature 0 --max-tokens 512 \
@@ -49,15 +52,15 @@ if [ ! -f heads/general-eagle3/config.json ]; then
 fi
 
 if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
-  say "2/6 issue 50's acceptance runs"
+  say "2/7 issue 50's acceptance runs"
   CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
   touch .verdict-work/long-jobs/acceptance.done
 fi
 
-say "3/6 the training-free judges on training-side problems"
+say "3/7 the training-free judges on training-side problems"
 GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=free bash scripts/judges-tuning.sh
 
-say "4/6 labels for a judge of EAGLE drafts"
+say "4/7 labels for a judge of EAGLE drafts"
 math_prompts="$work/math-prompts.jsonl"
 [ -f "$math_prompts" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir" \
   --gsm8k 0 --math 1200 --code 0 --qa 0 --out "$math_prompts"
@@ -71,7 +74,7 @@ math_prompts="$work/math-prompts.jsonl"
 
 # 5: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
 # head over the three sets (each holding out its own problems) as heads/gsm8k_head.safetensors.
-say "5/6 features and the judge of EAGLE drafts"
+say "5/7 features and the judge of EAGLE drafts"
 features=.verdict-work/eagle-judge
 "$bin/train-head" features --target-only --config configs/tasks.toml --data-dir "$gsm8k_dir" \
   --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k"
@@ -82,6 +85,12 @@ features=.verdict-work/eagle-judge
 "$bin/train-head" fit --spec target --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k" \
   --and "heads/eagle_labels_mbpp.jsonl,$features/mbpp" --and "heads/eagle_labels_math.jsonl,$features/math"
 
-say "6/6 the judge of EAGLE drafts on training-side problems"
+say "6/7 the judge of EAGLE drafts on training-side problems"
 GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=autojudge bash scripts/judges-tuning.sh
+
+say "7/7 PAD's rollout labels and pivot head"
+"$bin/train-head" mine --method pad --data-dir "$gsm8k_dir" --labels heads/gsm8k_labels.jsonl \
+  --pad-labels heads/gsm8k_pad_labels.jsonl --candidates "${PAD_CANDIDATES:-500}"
+"$bin/train-head" features --kind pad --data-dir "$gsm8k_dir" --pad-labels heads/gsm8k_pad_labels.jsonl
+"$bin/train-head" fit --kind pad --pad-labels heads/gsm8k_pad_labels.jsonl
 say "done"
