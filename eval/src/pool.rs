@@ -176,10 +176,19 @@ mod tests {
         }
     }
 
-    fn report(dir: &std::path::Path, name: &str, runs: Vec<Run>) -> PathBuf {
+    /// A report file of `runs`; without a task it names no dataset, as early reports did.
+    fn task_report(dir: &std::path::Path, name: &str, task: Option<TaskName>, runs: Vec<Run>) -> PathBuf {
         let path = dir.join(name);
-        std::fs::write(&path, serde_json::json!({ "summary": [], "runs": runs }).to_string()).unwrap();
+        let mut report = serde_json::json!({ "summary": [], "runs": runs });
+        if let Some(task) = task {
+            report["dataset"] = task.as_str().into();
+        }
+        std::fs::write(&path, report.to_string()).unwrap();
         path
+    }
+
+    fn report(dir: &std::path::Path, name: &str, runs: Vec<Run>) -> PathBuf {
+        task_report(dir, name, None, runs)
     }
 
     #[test]
@@ -219,12 +228,6 @@ mod tests {
         assert!(shown.contains("| plain | 2 | 1 | – | – | – |"), "{shown}");
     }
 
-    fn task_report(dir: &std::path::Path, name: &str, task: TaskName, runs: Vec<Run>) -> PathBuf {
-        let path = dir.join(name);
-        std::fs::write(&path, serde_json::json!({ "dataset": task.as_str(), "summary": [], "runs": runs }).to_string()).unwrap();
-        path
-    }
-
     /// Reports of two tasks pool apart (their problem 0s are different problems) and together,
     /// each run paired with the baseline of its own task.
     #[test]
@@ -233,13 +236,13 @@ mod tests {
         let gsm8k = task_report(
             dir.path(),
             "g.json",
-            TaskName::Gsm8k,
+            Some(TaskName::Gsm8k),
             vec![run(0, "plain", true, "x", None), run(0, "fly", false, "y", Some((10, 10)))],
         );
         let mbpp = task_report(
             dir.path(),
             "m.json",
-            TaskName::Mbpp,
+            Some(TaskName::Mbpp),
             vec![
                 run(0, "plain", false, "p", None),
                 run(1, "plain", true, "q", None),
