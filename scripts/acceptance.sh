@@ -9,7 +9,8 @@
 #      against BEST (the best lossless configuration of run 1, under `rejection`);
 #   3. the figures of every report.
 # Run it alone on the cores: a build or a training job beside it makes the speeds meaningless.
-# STAGE=t0 or STAGE=t07 runs one stage only. To have the cores for something else meanwhile,
+# STAGE=t0 or STAGE=t07 runs one stage only; OUT07 names stage 2's report (a run with another
+# BEST keeps the first one's). To have the cores for something else meanwhile,
 # `touch .verdict-work/hold-bench`: the bench waits before its next problem until the file is
 # removed (HOLD names another file), so no run is timed beside the other work.
 set -euo pipefail
@@ -30,7 +31,7 @@ fi
 if [ "$stage" = all ] || [ "$stage" = t07 ]; then
   "$verdict" bench --config configs/tasks.toml --suite "${N1:-30}" --max-tokens 512 \
     --temperature 0.7 --top-p 0.95 --seeds 2 \
-    --modes "plain,$best" --out bench-results/suite-t07.json --hold-while "$hold"
+    --modes "plain,$best" --out "${OUT07:-bench-results/suite-t07.json}" --hold-while "$hold"
 fi
 for report in bench-results/suite-t0-*.json bench-results/suite-t07-*.json; do
   [ -f "$report" ] && "$verdict" plot "$report" --out "${report%.json}"

@@ -4,7 +4,8 @@
 #   nohup bash scripts/long-jobs.sh >> .verdict-work/long-jobs.log 2>&1 &
 #   1. the general EAGLE head (issue 50): `train-head eagle` on the prompt mixture (prompts,
 #      responses, features, training: every stage resumes);
-#   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports);
+#   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports), then its
+#      temperature-0.7 runs again with SV choosing how many drafts to verify;
 #   3. the training-free judges against lossless drafting on training-side problems
 #      (scripts/judges-tuning.sh, PASS=free: resumable reports);
 #   4. labels for a judge of EAGLE drafts (issue 53), mined with the general head's first
@@ -55,6 +56,14 @@ if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
   say "2/7 issue 50's acceptance runs"
   CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
   touch .verdict-work/long-jobs/acceptance.done
+fi
+
+if [ ! -f .verdict-work/long-jobs/acceptance-sv.done ]; then
+  # Chosen on MBPP's training split (bench-results/t07-drafting-mbpp-train.json): SV at 0.7.
+  say "2/7 issue 50's temperature-0.7 runs with SV choosing how many drafts to verify"
+  STAGE=t07 BEST=lookup+head-sampled-sv OUT07=bench-results/suite-t07-sv.json \
+    CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
+  touch .verdict-work/long-jobs/acceptance-sv.done
 fi
 
 say "3/7 the training-free judges on training-side problems"
