@@ -396,7 +396,9 @@ fn main() -> Result<()> {
                 println!("## {task}\n");
                 print_bench_report(&report);
                 eprintln!("{task}: report at {}", out.display());
-                runs.push((task, report.runs));
+                let mut by_mode = verdict_cli::pool::RunsByMode::new();
+                verdict_cli::pool::add_runs(&mut by_mode, report.runs);
+                runs.push((task, by_mode));
             }
             println!("## All tasks\n\n{}", verdict_eval::suite::pooled_table(&verdict_eval::suite::pool_over_tasks(&runs, &options.modes)));
             Ok(())
@@ -437,7 +439,8 @@ fn main() -> Result<()> {
             }
             if by_task.len() > 1 {
                 println!("## All tasks\n");
-                print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool_over_tasks(&by_task, &baseline)));
+                let every_task: Vec<_> = by_task.iter().map(|(task, by_mode)| (*task, by_mode)).collect();
+                print!("{}", verdict_cli::pool::table(&verdict_cli::pool::pool_over_tasks(&every_task, &baseline)));
             }
             Ok(())
         }

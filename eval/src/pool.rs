@@ -47,15 +47,19 @@ pub fn load(reports: &[PathBuf]) -> Result<BTreeMap<TaskName, RunsByMode>> {
         let report: Report = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a `verdict bench` report (its --out file)", path.display()))?;
         let task: TaskName = report.dataset.parse().with_context(|| format!("{}", path.display()))?;
-        let by_mode = by_task.entry(task).or_default();
-        for run in report.runs {
-            by_mode.entry(run.mode.clone()).or_default().entry((run.problem, run.seed)).or_insert(run);
-        }
+        add_runs(by_task.entry(task).or_default(), report.runs);
     }
     if by_task.is_empty() {
         bail!("no reports given");
     }
     Ok(by_task)
+}
+
+/// `runs` by mode and (problem, seed), a run already there winning.
+pub fn add_runs(by_mode: &mut RunsByMode, runs: impl IntoIterator<Item = Run>) {
+    for run in runs {
+        by_mode.entry(run.mode.clone()).or_default().entry((run.problem, run.seed)).or_insert(run);
+    }
 }
 
 /// One mode over the pooled problems.
@@ -72,27 +76,27 @@ pub struct PooledMode {
 
 /// Each mode pooled over one task's runs, the baseline first.
 pub fn pool(task: TaskName, by_mode: &RunsByMode, baseline: &Mode) -> Vec<PooledMode> {
-    pool_over_tasks(&BTreeMap::from([(task, by_mode.clone())]), baseline)
+    pool_over_tasks(&[(task, by_mode)], baseline)
 }
 
 /// Each mode pooled over every task's runs, the baseline first; a run is paired with the
 /// baseline's run of the same task, problem and seed.
-pub fn pool_over_tasks(by_task: &BTreeMap<TaskName, RunsByMode>, baseline: &Mode) -> Vec<PooledMode> {
-    let mut modes: Vec<&Mode> = by_task.values().flat_map(|by_mode| by_mode.keys()).collect();
+pub fn pool_over_tasks(by_task: &[(TaskName, &RunsByMode)], baseline: &Mode) -> Vec<PooledMode> {
+    let mut modes: Vec<&Mode> = by_task.iter().flat_map(|(_, by_mode)| by_mode.keys()).collect();
     modes.sort_by_key(|m| (*m != baseline, (*m).clone()));
     modes.dedup();
-    let has_baseline = by_task.values().any(|by_mode| by_mode.contains_key(baseline));
+    let has_baseline = by_task.iter().any(|(_, by_mode)| by_mode.contains_key(baseline));
     modes
         .into_iter()
         .map(|mode| {
             let mut pooled = PooledMode { mode: mode.clone(), problems: 0, correct: 0, counters: None, against_baseline: None };
-            let mut counters = Vec::new();
+            let mut counters: Vec<&Counters> = Vec::new();
             let (mut identical, mut pairs) = (0, Vec::<Pair>::new());
-            for (task, by_mode) in by_task {
+            for &(task, by_mode) in by_task {
                 let Some(mine) = by_mode.get(mode) else { continue };
                 pooled.problems += mine.len();
                 pooled.correct += mine.values().filter(|r| r.correct).count();
-                counters.extend(mine.values().filter_map(|r| r.counters.clone()));
+                counters.extend(mine.values().filter_map(|r| r.counters.as_ref()));
                 let Some(base) = by_mode.get(baseline).filter(|_| mode != baseline) else { continue };
                 let answers = task.answers();
                 for (key, run) in mine.iter().filter(|(key, _)| base.contains_key(key)) {
@@ -100,7 +104,7 @@ pub fn pool_over_tasks(by_task: &BTreeMap<TaskName, RunsByMode>, baseline: &Mode
                     pairs.push(pair(&*answers, &base[key], run));
                 }
             }
-            pooled.counters = Counters::total(counters.iter());
+            pooled.counters = Counters::total(counters);
             pooled.against_baseline = (has_baseline && mode != baseline).then(|| (identical, paired_stats(&pairs)));
             pooled
         })
@@ -253,7 +257,7 @@ mod tests {
         let by_task = load(&[gsm8k, mbpp]).unwrap();
         assert_eq!(by_task.keys().copied().collect::<Vec<_>>(), vec![TaskName::Gsm8k, TaskName::Mbpp]);
         assert_eq!(by_task[&TaskName::Gsm8k][&Mode("fly".into())].len(), 1, "MBPP's problem 0 is not GSM8K's");
-        let all = pool_over_tasks(&by_task, &Mode::plain());
+        let all = pool_over_tasks(&by_task.iter().map(|(t, m)| (*t, m)).collect::<Vec<_>>(), &Mode::plain());
         let fly = &all[1];
         assert_eq!((fly.problems, fly.correct), (3, 1));
         // τ over all 40 steps: 1 + 20 / 40.

@@ -7,18 +7,15 @@
 //! judge stack is meant to beat).
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     path::{Path, PathBuf},
 };
 
-use verdict::metrics::Counters;
-
 use crate::{
-    bench::{pair, tokens_per_second, Run},
+    bench::{tokens_per_second, Run},
     benchmark::TaskName,
     modes::Mode,
-    paired::{paired_stats, PairedStats},
+    pool::{self, PooledMode, RunsByMode},
 };
 
 /// Where a suite run writes `task`'s report: `<out stem>-<task>.<ext>` beside `out`.
@@ -31,17 +28,11 @@ pub fn task_report_path(out: &Path, task: TaskName) -> PathBuf {
     out.with_file_name(name)
 }
 
-/// One mode over every task of a suite.
-#[derive(Clone, Debug, PartialEq)]
+/// One mode over every task of a suite: `verdict pool-reports`' pooling against plain
+/// decoding, with the speeds that only runs of one process can be compared by.
+#[derive(Clone, Debug)]
 pub struct PooledOverTasks {
-    pub mode: Mode,
-    pub problems: usize,
-    pub correct: usize,
-    /// Runs whose text equals plain decoding's on the same (task, problem, seed).
-    pub identical_to_plain: Option<usize>,
-    /// Against plain decoding on the same (task, problem, seed), over every task at once.
-    pub paired: Option<PairedStats>,
-    pub tau: Option<f64>,
+    pub pooled: PooledMode,
     pub tokens_per_second: f64,
     pub speed_vs_plain: Option<f64>,
     /// Pooled speed over the first speculative mode's (none for plain or that mode).
@@ -50,58 +41,46 @@ pub struct PooledOverTasks {
     pub slowest_task: Option<(TaskName, f64)>,
 }
 
-/// `mode`'s runs over every task.
-fn runs_of<'a>(per_task: &'a [(TaskName, Vec<Run>)], mode: &'a Mode) -> impl Iterator<Item = (TaskName, &'a Run)> + 'a {
-    per_task.iter().flat_map(move |(task, runs)| runs.iter().filter(move |r| &r.mode == mode).map(move |r| (*task, r)))
+/// `mode`'s runs of one task.
+fn runs_in<'a>(by_mode: &'a RunsByMode, mode: &Mode) -> Vec<&'a Run> {
+    by_mode.get(mode).map(|runs| runs.values().collect()).unwrap_or_default()
 }
 
 /// Each of `modes` pooled over the tasks' runs.
-pub fn pool_over_tasks(per_task: &[(TaskName, Vec<Run>)], modes: &[Mode]) -> Vec<PooledOverTasks> {
+pub fn pool_over_tasks(per_task: &[(TaskName, RunsByMode)], modes: &[Mode]) -> Vec<PooledOverTasks> {
     let plain = Mode::plain();
-    let of = |mode| runs_of(per_task, mode);
-    let plain_runs: BTreeMap<(TaskName, usize, usize), &Run> = of(&plain).map(|(t, r)| ((t, r.problem, r.seed), r)).collect();
-    let plain_tps = tokens_per_second(of(&plain).map(|(_, r)| r));
+    let borrowed: Vec<(TaskName, &RunsByMode)> = per_task.iter().map(|(task, by_mode)| (*task, by_mode)).collect();
+    let mut pooled = pool::pool_over_tasks(&borrowed, &plain);
+    let speed = |mode: &Mode| tokens_per_second(per_task.iter().flat_map(|(_, by_mode)| runs_in(by_mode, mode)));
+    let plain_tps = speed(&plain);
     let reference = modes.iter().find(|m| !m.decodes_plainly());
-    let reference_tps = reference.map(|m| tokens_per_second(of(m).map(|(_, r)| r)));
-    let task_ratio = |task: TaskName, mode: &Mode| {
-        let runs = &per_task.iter().find(|(t, _)| *t == task)?.1;
-        let base = tokens_per_second(runs.iter().filter(|r| r.mode == plain));
-        (base > 0.0).then(|| tokens_per_second(runs.iter().filter(|r| &r.mode == mode)) / base)
+    let reference_tps = reference.map(speed);
+    let task_ratio = |by_mode: &RunsByMode, mode: &Mode| {
+        let base = tokens_per_second(runs_in(by_mode, &plain).into_iter());
+        (base > 0.0).then(|| tokens_per_second(runs_in(by_mode, mode).into_iter()) / base)
     };
     modes
         .iter()
-        .map(|mode| {
-            let mine: Vec<(TaskName, &Run)> = of(mode).collect();
-            let counters = Counters::total(mine.iter().filter_map(|(_, r)| r.counters.as_ref()));
-            let tps = tokens_per_second(mine.iter().map(|(_, r)| *r));
-            let has_plain = !mode.is_plain() && !plain_runs.is_empty();
-            let with_plain: Vec<(TaskName, &Run, &Run)> = match has_plain {
-                true => mine.iter().filter_map(|(t, r)| Some((*t, *plain_runs.get(&(*t, r.problem, r.seed))?, *r))).collect(),
-                false => Vec::new(),
-            };
-            PooledOverTasks {
-                mode: mode.clone(),
-                problems: mine.len(),
-                correct: mine.iter().filter(|(_, r)| r.correct).count(),
-                identical_to_plain: has_plain.then(|| with_plain.iter().filter(|(_, p, r)| p.text == r.text).count()),
-                paired: (!with_plain.is_empty()).then(|| {
-                    paired_stats(&with_plain.iter().map(|(t, p, r)| pair(t.answers().as_ref(), p, r)).collect::<Vec<_>>())
-                }),
-                tau: counters.as_ref().map(Counters::mean_acceptance_length),
+        .filter_map(|mode| {
+            let at = pooled.iter().position(|p| &p.mode == mode)?;
+            let tps = speed(mode);
+            let against_plain = !mode.is_plain() && plain_tps > 0.0;
+            Some(PooledOverTasks {
+                pooled: pooled.swap_remove(at),
                 tokens_per_second: tps,
-                speed_vs_plain: (has_plain && plain_tps > 0.0).then(|| tps / plain_tps),
+                speed_vs_plain: against_plain.then(|| tps / plain_tps),
                 speed_vs_reference: match (reference, reference_tps) {
                     (Some(r), Some(r_tps)) if r != mode && !mode.decodes_plainly() && r_tps > 0.0 => Some((r.clone(), tps / r_tps)),
                     _ => None,
                 },
-                slowest_task: match has_plain {
+                slowest_task: match against_plain {
                     true => per_task
                         .iter()
-                        .filter_map(|(task, _)| Some((*task, task_ratio(*task, mode)?)))
+                        .filter_map(|(task, by_mode)| Some((*task, task_ratio(by_mode, mode)?)))
                         .min_by(|a, b| a.1.total_cmp(&b.1)),
                     false => None,
                 },
-            }
+            })
         })
         .collect()
 }
@@ -118,19 +97,23 @@ pub fn pooled_table(pooled: &[PooledOverTasks]) -> String {
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for p in pooled {
+        let (paired, identical) = match &p.pooled.against_baseline {
+            Some((identical, stats)) => (Some(stats), Some(*identical)),
+            None => (None, None),
+        };
+        let tau = p.pooled.counters.as_ref().map(|c| c.mean_acceptance_length());
         let _ = writeln!(
             out,
             "| {} | {} | {:.1}% | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
-            p.mode.name(),
-            p.problems,
-            100.0 * p.correct as f64 / p.problems.max(1) as f64,
-            p.paired
-                .as_ref()
+            p.pooled.mode.name(),
+            p.pooled.problems,
+            100.0 * p.pooled.correct as f64 / p.pooled.problems.max(1) as f64,
+            paired
                 .map(|s| format!("{:+.1} [{:+.1}, {:+.1}]", 100.0 * s.accuracy_difference, 100.0 * s.difference_ci95.0, 100.0 * s.difference_ci95.1))
                 .unwrap_or_else(dash),
-            p.paired.as_ref().map(|s| format!("{:.3}", s.mcnemar_p)).unwrap_or_else(dash),
-            p.identical_to_plain.map(|n| format!("{n}/{}", p.problems)).unwrap_or_else(dash),
-            p.tau.map(|t| format!("{t:.2}")).unwrap_or_else(dash),
+            paired.map(|s| format!("{:.3}", s.mcnemar_p)).unwrap_or_else(dash),
+            identical.map(|n| format!("{n}/{}", p.pooled.problems)).unwrap_or_else(dash),
+            tau.map(|t| format!("{t:.2}")).unwrap_or_else(dash),
             p.tokens_per_second,
             p.speed_vs_plain.map(|r| format!("{r:.2}×")).unwrap_or_else(dash),
             p.speed_vs_reference.as_ref().map(|(_, r)| format!("{r:.2}×")).unwrap_or_else(dash),
@@ -172,31 +155,42 @@ mod tests {
                 vec![run(0, "plain", "b", 100, 10.0, false), run(0, "ngram:exact", "c", 100, 12.5, true), run(0, "ngram:fly", "d", 100, 10.0, true)],
             ),
         ];
-        let modes = [Mode::plain(), "ngram:exact".parse().unwrap(), "ngram:fly".parse().unwrap()];
+        let per_task: Vec<(TaskName, RunsByMode)> = per_task
+            .into_iter()
+            .map(|(task, runs)| {
+                let mut by_mode = RunsByMode::new();
+                pool::add_runs(&mut by_mode, runs);
+                (task, by_mode)
+            })
+            .collect();
+        // Listed in the order asked for, not pool-reports' (baseline, then by name).
+        let modes = [Mode::plain(), "ngram:fly".parse().unwrap(), "ngram:exact".parse().unwrap()];
         let pooled = pool_over_tasks(&per_task, &modes);
-        assert_eq!((pooled[0].speed_vs_plain, pooled[0].paired.clone(), pooled[0].speed_vs_reference.clone()), (None, None, None));
-        let ngram = &pooled[1];
-        assert_eq!((ngram.problems, ngram.correct, ngram.identical_to_plain), (2, 2, Some(1)));
-        // 200 tokens in 17.5 s against 200 in 20 s; the first speculative mode is its own reference.
+        let names: Vec<String> = pooled.iter().map(|p| p.pooled.mode.name()).collect();
+        assert_eq!(names, ["plain", "ngram:fly", "ngram:exact"]);
+        assert!(pooled[0].speed_vs_plain.is_none() && pooled[0].pooled.against_baseline.is_none() && pooled[0].speed_vs_reference.is_none());
+        let ngram = &pooled[2];
+        let (identical, paired) = ngram.pooled.against_baseline.as_ref().unwrap();
+        assert_eq!((ngram.pooled.problems, ngram.pooled.correct, *identical), (2, 2, 1));
+        // 200 tokens in 17.5 s against 200 in 20 s; FLy, listed first, is the reference.
         assert!((ngram.speed_vs_plain.unwrap() - 20.0 / 17.5).abs() < 1e-9);
-        assert_eq!(ngram.speed_vs_reference, None);
+        let (reference, ratio) = ngram.speed_vs_reference.clone().unwrap();
+        assert_eq!(reference.name(), "ngram:fly");
+        assert!((ratio - 14.0 / 17.5).abs() < 1e-9);
         let (task, ratio) = ngram.slowest_task.unwrap();
         assert_eq!(task, TaskName::Mbpp);
         assert!((ratio - 0.8).abs() < 1e-9);
         // Paired over both tasks: MBPP turned right, nothing turned wrong.
-        let paired = ngram.paired.as_ref().unwrap();
         assert_eq!((paired.problems, paired.better, paired.worse), (2, 1, 0));
         assert!((paired.accuracy_difference - 0.5).abs() < 1e-12);
-        // FLy: one answer lost on GSM8K, one gained on MBPP; 200 tokens in 14 s, 17.5 / 14 of ngram's speed.
-        let fly = &pooled[2];
-        let paired = fly.paired.as_ref().unwrap();
+        // FLy: one answer lost on GSM8K, one gained on MBPP; 200 tokens in 14 s.
+        let fly = &pooled[1];
+        let (_, paired) = fly.pooled.against_baseline.as_ref().unwrap();
         assert_eq!((paired.better, paired.worse, paired.accuracy_difference, paired.mcnemar_p), (1, 1, 0.0, 1.0));
-        let (reference, ratio) = fly.speed_vs_reference.clone().unwrap();
-        assert_eq!(reference.name(), "ngram:exact");
-        assert!((ratio - 17.5 / 14.0).abs() < 1e-9);
+        assert_eq!(fly.speed_vs_reference, None);
         let table = pooled_table(&pooled);
-        assert!(table.contains("speed vs ngram:exact |"), "{table}");
-        assert!(table.contains("| ngram:exact | 2 | 100.0% | +50.0 [") && table.contains("0.80× (mbpp)"), "{table}");
-        assert!(table.contains("| ngram:fly | 2 | 50.0% | +0.0 [") && table.contains("| 1.000 | 0/2 |") && table.contains("| 1.43× | 1.25× |"), "{table}");
+        assert!(table.contains("speed vs ngram:fly |"), "{table}");
+        assert!(table.contains("| ngram:exact | 2 | 100.0% | +50.0 [") && table.contains("| 1.14× | 0.80× | 0.80× (mbpp) |"), "{table}");
+        assert!(table.contains("| ngram:fly | 2 | 50.0% | +0.0 [") && table.contains("| 1.000 | 0/2 |") && table.contains("| 1.43× | – |"), "{table}");
     }
 }
