@@ -11,9 +11,14 @@
 //! at all when no proposal of its could beat the lookup's. When neither pays for a row,
 //! the step decodes one token.
 //!
-//! Which proposal a step takes never depends on a draft's value, only on match lengths and
-//! confidences known before the drafts are drawn, and both proposals carry their exact
-//! distributions: lossless rules stay lossless.
+//! Both proposals carry their exact distributions. When the sequence samples, which
+//! proposal a step takes depends only on what was known before any draft was drawn: the
+//! lookup's match length and the head's confidence in its first draft. (Each later
+//! confidence is read from the row after a drawn draft, so a choice reading them would keep
+//! the head's first draft more often for some values than for others, and rejection
+//! sampling, whose keep test takes it as drawn from its row, would no longer be lossless.)
+//! Decoding greedily the head's whole chain is priced: what is kept is the target's arg-max
+//! whatever was drafted.
 
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +53,24 @@ fn chain(rates: impl IntoIterator<Item = f64>) -> Vec<f64> {
 /// The count of drafts (0..=len) that maximises goodput, and that goodput.
 fn best_count(gains: &[f64], latency: &VerifyLatency) -> (usize, f64) {
     (0..=gains.len()).map(|k| (k, goodput(gains, k, latency))).fold((0, f64::MIN), |best, x| if x.1 > best.1 { x } else { best })
+}
+
+/// What the head's proposal of `scores` (`drafted` drafts made) is worth a step. When the
+/// sequence samples, only its first score counts, taken for each of the `most` drafts the
+/// head may make: that much was known before its first draft was drawn (see the module's
+/// comment).
+fn head_value(scores: &[f32], drafted: usize, most: usize, greedy: bool, pricing: &dyn DraftPricing, latency: &VerifyLatency) -> f64 {
+    match (greedy, scores.first()) {
+        (true, _) => {
+            let gains = chain(pricing.keep_chances(scores).into_iter().map(f64::from));
+            goodput(&gains, drafted.min(gains.len()), latency)
+        }
+        (false, Some(&first)) => {
+            let gains = chain(pricing.keep_chances(&vec![first; most]).into_iter().map(f64::from));
+            best_count(&gains, latency).1
+        }
+        (false, None) => goodput(&[], 0, latency),
+    }
 }
 
 /// Counts of the choices made (for reports and tests).
@@ -176,7 +199,7 @@ impl ScoredProposer for CombinedProposer {
             .iter_mut()
             .zip(&asks_head)
             .filter(|(_, asks)| **asks)
-            .map(|(r, _)| DraftRequest { seq_id: r.seq_id, gamma: head_gamma.min(r.gamma), sample: &mut *r.sample, rows: None })
+            .map(|(r, _)| DraftRequest { seq_id: r.seq_id, gamma: head_gamma.min(r.gamma), sample: &mut *r.sample, rows: None, greedy: r.greedy })
             .collect();
         let mut head_out = match head_requests.is_empty() {
             true => Vec::new(),
@@ -192,12 +215,10 @@ impl ScoredProposer for CombinedProposer {
                 true => Some(head_out.next().expect("one head proposal per request that asked")),
                 false => None,
             };
-            let head_value = head.as_ref().map(|drafts| {
-                let gains = chain(pricing.keep_chances(&drafts.scores).into_iter().map(f64::from));
-                goodput(&gains, drafts.tokens.len().min(gains.len()), &latency)
-            });
-            let takes_lookup = match (&lookup, head_value) {
-                (Some((_, k, value)), head_value) => *k > 0 && head_value.is_none_or(|h| *value > h),
+            let most = head_gamma.min(request.gamma);
+            let head_worth = head.as_ref().map(|drafts| head_value(&drafts.scores, drafts.tokens.len(), most, request.greedy, pricing, &latency));
+            let takes_lookup = match (&lookup, head_worth) {
+                (Some((_, k, value)), head_worth) => *k > 0 && head_worth.is_none_or(|h| *value > h),
                 (None, _) => false,
             };
             if takes_lookup {
@@ -234,6 +255,28 @@ impl ScoredProposer for CombinedProposer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proposers::scored::DraftEverything;
+
+    /// The head's value, as the choice against the lookup reads it: when sampling, the same
+    /// whatever its drafts after the first (each drawn after the one before); decoding
+    /// greedily, its whole chain.
+    #[test]
+    fn a_sampled_step_prices_the_head_by_what_it_knew_before_drawing() {
+        let latency = VerifyLatency::linear(50.0, 10.0);
+        let sure_after = [0.8f32, 0.9, 0.9, 0.9];
+        let unsure_after = [0.8f32, 0.1, 0.1, 0.1];
+        let sampled = |scores: &[f32]| head_value(scores, scores.len(), 4, false, &DraftEverything, &latency);
+        assert_eq!(sampled(&sure_after), sampled(&unsure_after));
+        // Hand-computed: 0.8 for each of 4 drafts, gains 0.8, 0.64, 0.512, 0.4096; the best
+        // count is 4, (1 + 2.3616) / 90.
+        assert!((sampled(&unsure_after) - 3.3616 / 90.0).abs() < 1e-6, "{}", sampled(&unsure_after));
+        // A chain cut short after its first draft is priced the same when sampling.
+        assert_eq!(head_value(&sure_after[..1], 1, 4, false, &DraftEverything, &latency), sampled(&sure_after));
+        let greedy = |scores: &[f32]| head_value(scores, scores.len(), 4, true, &DraftEverything, &latency);
+        assert!(greedy(&sure_after) > greedy(&unsure_after));
+        // No draft: a plain decode's worth.
+        assert_eq!(head_value(&[], 0, 4, false, &DraftEverything, &latency), 1.0 / 50.0);
+    }
 
     #[test]
     fn the_count_that_pays_is_chosen_against_the_verify_cost() {

@@ -224,7 +224,7 @@ mod tests {
 
     fn draft(p: &DraftModelProposer, rows: &mut ScriptedRows, gamma: usize, pricing: &dyn DraftPricing) -> ScoredDrafts {
         let mut sample = |row: &Tensor| row.argmax(D::Minus1)?.to_scalar::<u32>();
-        let mut requests = [DraftRequest { seq_id: 1, gamma, sample: &mut sample, rows: Some(rows) }];
+        let mut requests = [DraftRequest { seq_id: 1, gamma, sample: &mut sample, rows: Some(rows), greedy: true }];
         p.propose_scored(&mut requests, pricing).unwrap().pop().unwrap()
     }
 
@@ -291,7 +291,7 @@ mod tests {
         let mut sample = |row: &Tensor| row.argmax(D::Minus1)?.to_scalar::<u32>();
         for step in 0..2 {
             rows.0.read = 0;
-            let mut requests = [DraftRequest { seq_id: 1, gamma: 2, sample: &mut sample, rows: Some(&mut rows) }];
+            let mut requests = [DraftRequest { seq_id: 1, gamma: 2, sample: &mut sample, rows: Some(&mut rows), greedy: true }];
             p.propose_scored(&mut requests, &DraftEverything).unwrap();
             if step == 0 {
                 assert_eq!(p.draft_ms(), Some(0.0), "the first step, which reads the prompt, is not a draft's cost");

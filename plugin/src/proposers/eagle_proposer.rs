@@ -482,7 +482,7 @@ mod tests {
                         .iter_mut()
                         .zip([1, 3, 4])
                         .enumerate()
-                        .map(|(i, (sample, gamma))| DraftRequest { seq_id: i + 1, gamma, sample, rows: None })
+                        .map(|(i, (sample, gamma))| DraftRequest { seq_id: i + 1, gamma, sample, rows: None, greedy: true })
                         .collect();
                     p.propose_batch(&mut requests).unwrap()
                 })
@@ -514,7 +514,7 @@ mod tests {
         // A sequence asked for twice in one batch, or one never seen, is refused by name.
         let mut samplers = [greedy, greedy];
         let mut requests: Vec<DraftRequest<'_>> =
-            samplers.iter_mut().map(|sample| DraftRequest { seq_id: 9, gamma: 2, sample, rows: None }).collect();
+            samplers.iter_mut().map(|sample| DraftRequest { seq_id: 9, gamma: 2, sample, rows: None, greedy: true }).collect();
         let err = together.propose_batch(&mut requests).unwrap_err().to_string();
         assert!(err.contains("sequence 9"), "{err}");
     }

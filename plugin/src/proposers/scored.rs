@@ -81,13 +81,15 @@ pub trait ScoredProposer: Proposer {
 }
 
 /// [`Proposer::propose`] as a batch of one request (a proposer drafting its batches itself).
+/// `propose` does not say whether the sequence samples, so the request says it does: the
+/// choices that keep rejection sampling lossless hold either way.
 pub fn propose_alone(
     proposer: &dyn Proposer,
     seq_id: usize,
     gamma: usize,
     sample: &mut dyn FnMut(&Tensor) -> Result<u32>,
 ) -> Result<(Vec<u32>, Tensor)> {
-    let mut drafted = proposer.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None }])?;
+    let mut drafted = proposer.propose_batch(&mut [DraftRequest { seq_id, gamma, sample, rows: None, greedy: false }])?;
     Ok(drafted.pop().expect("one request, one answer"))
 }
 

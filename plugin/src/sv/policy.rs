@@ -442,7 +442,7 @@ mod tests {
         let mut requests: Vec<DraftRequest<'_>> = seq_ids
             .iter()
             .zip(samplers.iter_mut())
-            .map(|(&seq_id, sample)| DraftRequest { seq_id, gamma: 3, sample, rows: None })
+            .map(|(&seq_id, sample)| DraftRequest { seq_id, gamma: 3, sample, rows: None, greedy: true })
             .collect();
         p.propose_batch(&mut requests).unwrap().iter().map(|(tokens, _)| tokens.len()).collect()
     }
