@@ -6,24 +6,27 @@
 #      responses, features, training: every stage resumes);
 #   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports), then its
 #      temperature-0.7 runs again with SV choosing how many drafts to verify;
-#   3. the training-free judges against lossless drafting on training-side problems
-#      (scripts/judges-tuning.sh, PASS=free: resumable reports);
-#   4. labels for a judge of EAGLE drafts (issue 53), mined with the general head's first
+#   3. labels for a judge of EAGLE drafts (issue 53), mined with the general head's first
 #      drafts: GSM8K train problems the head never trained on (from 1000; its mixture took
 #      0-599), MBPP's tasks after the evaluated ones (pass/fail on their asserts; the head
 #      saw them all, and the last 50 are left to choose a stack on), then MATH problems
 #      outside MATH-500 and outside the head's mixture (its 600 MATH prompts come first in
 #      a mixture of MATH alone, so mining starts at 600 there);
-#   5. their target-only features and one judge head over the three label sets
+#   4. their target-only features and one judge head over the three label sets
 #      (heads/gsm8k_head.safetensors);
-#   6. that judge against lossless drafting on the same training-side problems
-#      (scripts/judges-tuning.sh, PASS=autojudge);
-#   7. PAD's rollout labels (500 of the draft model's GSM8K train mismatches, the paper's
+#   5. PAD's rollout labels (500 of the draft model's GSM8K train mismatches, the paper's
 #      α 0.8, 4 rollouts a side at T 0.7, batched) and its pivot head
-#      (heads/gsm8k_pad_head.safetensors).
+#      (heads/gsm8k_pad_head.safetensors);
+#   6. the training-free judges against lossless drafting on training-side problems
+#      (scripts/judges-tuning.sh, PASS=free: resumable reports);
+#   7. the judge of EAGLE drafts against lossless drafting on the same problems
+#      (scripts/judges-tuning.sh, PASS=autojudge).
+# Stages 3-5 time nothing, so builds and tests may share the cores with them; stages 2, 6
+# and 7 time every run and must have the cores alone (`touch .verdict-work/hold-bench` lends
+# them out between problems).
 # What to commit before a session ends: heads/general-eagle3 (after 1), bench-results/suite-*
-# (2), bench-results/tuning-* (3, 6), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (4),
-# heads/gsm8k_head.* (5), heads/gsm8k_pad_labels.jsonl and heads/gsm8k_pad_head.* (7).
+# (2), heads/eagle_labels_{gsm8k,mbpp,math}.jsonl (3), heads/gsm8k_head.* (4),
+# heads/gsm8k_pad_labels.jsonl and heads/gsm8k_pad_head.* (5), bench-results/tuning-* (6, 7).
 # GSM8K_DIR names GSM8K train's folder (default ../shared/data/gsm8k); MINE_GSM8K, MINE_MBPP
 # and MINE_MATH the problems to mine of each (default 300, 250 and 100, ≈ 10,000 labels; a
 # larger count later mines on from where the file stops). MATH's long answers make each
@@ -66,10 +69,7 @@ if [ ! -f .verdict-work/long-jobs/acceptance-sv.done ]; then
   touch .verdict-work/long-jobs/acceptance-sv.done
 fi
 
-say "3/7 the training-free judges on training-side problems"
-GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=free bash scripts/judges-tuning.sh
-
-say "4/7 labels for a judge of EAGLE drafts"
+say "3/7 labels for a judge of EAGLE drafts"
 math_prompts="$work/math-prompts.jsonl"
 [ -f "$math_prompts" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir" \
   --gsm8k 0 --math 1200 --code 0 --qa 0 --out "$math_prompts"
@@ -81,9 +81,9 @@ math_prompts="$work/math-prompts.jsonl"
   --source math --first 600 --problems "${MINE_MATH:-100}" --max-response-tokens 512 \
   --important-below 0.01 --labels heads/eagle_labels_math.jsonl
 
-# 5: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
+# 4: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
 # head over the three sets (each holding out its own problems) as heads/gsm8k_head.safetensors.
-say "5/7 features and the judge of EAGLE drafts"
+say "4/7 features and the judge of EAGLE drafts"
 features=.verdict-work/eagle-judge
 "$bin/train-head" features --target-only --config configs/tasks.toml --data-dir "$gsm8k_dir" \
   --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k"
@@ -94,12 +94,15 @@ features=.verdict-work/eagle-judge
 "$bin/train-head" fit --spec target --labels heads/eagle_labels_gsm8k.jsonl --features "$features/gsm8k" \
   --and "heads/eagle_labels_mbpp.jsonl,$features/mbpp" --and "heads/eagle_labels_math.jsonl,$features/math"
 
-say "6/7 the judge of EAGLE drafts on training-side problems"
-GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=autojudge bash scripts/judges-tuning.sh
-
-say "7/7 PAD's rollout labels and pivot head"
+say "5/7 PAD's rollout labels and pivot head"
 "$bin/train-head" mine --method pad --data-dir "$gsm8k_dir" --labels heads/gsm8k_labels.jsonl \
   --pad-labels heads/gsm8k_pad_labels.jsonl --candidates "${PAD_CANDIDATES:-500}"
 "$bin/train-head" features --kind pad --data-dir "$gsm8k_dir" --pad-labels heads/gsm8k_pad_labels.jsonl
 "$bin/train-head" fit --kind pad --pad-labels heads/gsm8k_pad_labels.jsonl
+say "6/7 the training-free judges on training-side problems"
+GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=free bash scripts/judges-tuning.sh
+
+say "7/7 the judge of EAGLE drafts on training-side problems"
+GSM8K_DIR="$gsm8k_dir" CARGO_TARGET_DIR=.verdict-work/long-jobs PASS=autojudge bash scripts/judges-tuning.sh
+
 say "done"

@@ -656,7 +656,11 @@ fn forward_cost_command(
     tokens.sort_unstable();
     tokens.dedup();
     let report = forward_cost::measure(config, &tokens, kernels, threads, requests)?;
-    println!("decoding and verifying after a prompt of {} tokens\n", report.measured_prompt_tokens);
+    let isa = QuantKernel::instruction_set();
+    println!(
+        "decoding and verifying after a prompt of {} tokens, quantized kernels in {isa}\n",
+        report.measured_prompt_tokens
+    );
     println!("| kernel | thread | tokens in forward | ms | × one-token forward | samples |\n|---|---|---|---|---|---|");
     for c in &report.forwards {
         println!(
@@ -729,7 +733,7 @@ fn forward_cost_command(
         }
     }
     if let Some(out) = out {
-        let json = serde_json::json!({ "forwards": report.forwards, "throughput": report.throughput, "matmuls": matmuls, "memory": bound });
+        let json = serde_json::json!({ "kernel_isa": isa, "forwards": report.forwards, "throughput": report.throughput, "matmuls": matmuls, "memory": bound });
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }

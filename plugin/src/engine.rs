@@ -83,9 +83,10 @@ pub fn load_pipeline(source: &ModelSource, isq: Option<Isq>) -> Result<SharedPip
             file.display()
         );
     }
+    let kernels = crate::kernels::QuantKernel::instruction_set();
     match isq {
-        Some(isq) => tracing::info!("loading {}, quantizing it to {isq}", source.path().display()),
-        None => tracing::info!("loading {}", source.path().display()),
+        Some(isq) => tracing::info!("loading {}, quantizing it to {isq} (CPU kernels: {kernels})", source.path().display()),
+        None => tracing::info!("loading {} (CPU kernels: {kernels})", source.path().display()),
     }
     let start = Instant::now();
     let pipeline = loader_for(source)?

@@ -54,6 +54,13 @@ impl QuantKernel {
         }
     }
 
+    /// The instruction set the patched kernels run in this process: chosen at run time from
+    /// the CPU (AVX-512 VNNI where it has it, else AVX2; `CANDLE_WS_ISA=avx2` keeps AVX2 on an
+    /// AVX-512 CPU), "none" on a build without them (candle's loops run).
+    pub fn instruction_set() -> &'static str {
+        candle_core::quantized::kernel_isa().map_or("none", |isa| isa.name())
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             QuantKernel::Stock => "stock",

@@ -3,12 +3,12 @@
 //! odd shapes and on blocks holding extreme values: bit for bit, except for the panel kernels
 //! (m > 1: Q4K and Q6K on CPUs with AVX2, with AVX-512 VNNI or not), whose exact integer block
 //! sums are added up in another f32 order, so they agree to within 1e-5 of the magnitude sum
-//! Σ|w·x|.
+//! Σ|w·x|. Every instruction set of the kernels that the CPU runs is checked in turn.
 
 use std::sync::Mutex;
 
 use candle_core::{
-    quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor},
+    quantized::{ggml_file::qtensor_from_ggml, set_kernel_isa, GgmlDType, KernelIsa, QMatMul, QTensor},
     Device, Module, Tensor,
 };
 use verdict::kernels::QuantKernel;
@@ -108,8 +108,26 @@ fn shapes(dtype: GgmlDType) -> Vec<(usize, usize)> {
     shapes
 }
 
+/// Runs `f(name)` with each instruction set of the kernels that this CPU runs selected in turn
+/// (once, as "no kernels", on a build without them), leaving the fastest selected: the default.
+fn for_each_isa(mut f: impl FnMut(&str)) {
+    let isas = KernelIsa::available();
+    if isas.is_empty() {
+        return f("no kernels");
+    }
+    for isa in isas {
+        set_kernel_isa(isa).unwrap();
+        f(isa.name());
+    }
+}
+
 fn check(dtype: GgmlDType, seed: u64) {
     let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    for_each_isa(|isa| check_on(dtype, seed, isa));
+    QuantKernel::WeightStationary.select();
+}
+
+fn check_on(dtype: GgmlDType, seed: u64, isa: &str) {
     let mut rng = XorShift(seed);
     let dev = Device::Cpu;
     for (k, n) in shapes(dtype) {
@@ -133,7 +151,7 @@ fn check(dtype: GgmlDType, seed: u64) {
             };
             if let Some(i) = (0..stock.len()).find(|&i| differs(i)) {
                 panic!(
-                    "{dtype:?} k={k} n={n} m={m}: row {} col {}: weight-stationary {} vs stock {}",
+                    "{isa} {dtype:?} k={k} n={n} m={m}: row {} col {}: weight-stationary {} vs stock {}",
                     i / n,
                     i % n,
                     f32::from_bits(new[i]),
@@ -142,7 +160,6 @@ fn check(dtype: GgmlDType, seed: u64) {
             }
         }
     }
-    QuantKernel::WeightStationary.select();
 }
 
 /// True where the patch runs this type through its panel kernels (m > 1): Q4K and Q6K on
@@ -235,6 +252,11 @@ fn batched_rows_equal_single_rows() {
 #[test]
 fn row_invariant_single_rows_equal_rows_among_many() {
     let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    for_each_isa(row_invariance_on);
+    QuantKernel::WeightStationary.select();
+}
+
+fn row_invariance_on(isa: &str) {
     let mut rng = XorShift(7);
     let dev = Device::Cpu;
     for dtype in [
@@ -254,11 +276,25 @@ fn row_invariant_single_rows_equal_rows_among_many() {
             let alone = forward_bits(QuantKernel::RowInvariant, &w, &one);
             assert!(
                 alone == among_many[r * n..(r + 1) * n],
-                "{dtype:?}: row {r} multiplied alone differs from the same row among 9"
+                "{isa} {dtype:?}: row {r} multiplied alone differs from the same row among 9"
             );
         }
     }
-    QuantKernel::WeightStationary.select();
+}
+
+/// An instruction set the CPU cannot run is refused by name, and the one in use stays.
+#[test]
+fn kernels_the_cpu_cannot_run_are_refused() {
+    let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = candle_core::quantized::kernel_isa();
+    for isa in KernelIsa::ALL.into_iter().filter(|isa| !isa.runs_here()) {
+        let err = set_kernel_isa(isa).unwrap_err();
+        assert!(err.contains(isa.name()), "{err}");
+        assert_eq!(candle_core::quantized::kernel_isa(), before);
+    }
+    if std::env::var_os("CANDLE_WS_ISA").is_none() {
+        assert_eq!(before, KernelIsa::available().last().copied(), "the default is the fastest set the CPU runs");
+    }
 }
 
 /// Weights held once: panels that replace a matrix's blocks give the blocks back byte for
