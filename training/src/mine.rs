@@ -1,6 +1,9 @@
 //! `train-head mine`: Algorithm 1 over a range of problems, resumable, with a progress bar.
 
-use std::{path::Path, time::Instant};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -72,6 +75,9 @@ impl MiningTotals {
         )
     }
 }
+
+/// How often batched mining logs that its searches move.
+const PROGRESS_EVERY: Duration = Duration::from_secs(300);
 
 /// Mine every problem of `plan` not yet in `labels`, appending each as it finishes.
 pub fn mine<E, T>(
@@ -165,6 +171,11 @@ where
     engine.start_problem()?;
     let mut queue = todo.into_iter();
     let mut running: Vec<(ProblemSearch, f64)> = Vec::new();
+    // A problem takes one step per regeneration its mismatches need, so the first labels can
+    // take many minutes: say, now and then, that the searches move (the bar is not drawn
+    // into a log file).
+    let mut said = Instant::now();
+    let mut steps = 0usize;
     loop {
         while running.len() < plan.together {
             let Some(id) = queue.next() else { break };
@@ -185,6 +196,15 @@ where
         for ((search, _), continuation) in running.iter_mut().zip(found) {
             let problem = &problems[search.problem_id()];
             search.take(continuation, task, problem, &|tokens| engine.decode(tokens))?;
+        }
+        steps += 1;
+        if said.elapsed() >= PROGRESS_EVERY {
+            said = Instant::now();
+            tracing::info!(
+                "mining: {steps} batched steps this run; problems in progress {:?}, {} mismatches labelled in them so far",
+                running.iter().map(|(search, _)| search.problem_id()).collect::<Vec<_>>(),
+                running.iter().map(|(search, _)| search.labelled()).sum::<usize>()
+            );
         }
         let share = step.elapsed().as_secs_f64() / running.len() as f64;
         let mut still = Vec::with_capacity(running.len());

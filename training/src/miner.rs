@@ -160,6 +160,11 @@ impl ProblemSearch {
         self.problem_id
     }
 
+    /// Mismatches labelled so far.
+    pub fn labelled(&self) -> usize {
+        self.mismatches.len()
+    }
+
     /// The response prefix whose continuation the search needs next; `None` once done.
     pub fn wanted_prefix(&self) -> Option<Vec<u32>> {
         match self.next {
