@@ -134,35 +134,51 @@ impl MiningEngine for EagleMiningEngine {
 
     /// The target's continuations decoded together, then the head's drafts along each.
     fn continue_responses(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
-        // Each request's whole context (prompt tokens, then the prefix), the tokens the
-        // target may add to it, and where its response starts.
+        let mut continuations = self.continue_responses_unpredicted(requests, max_response_tokens)?;
+        for (continuation, (prompt, prefix)) in continuations.iter_mut().zip(requests) {
+            continuation.predictions = self.predictions(prompt, &continuation.response, prefix.len())?;
+        }
+        Ok(continuations)
+    }
+
+    /// The head's drafts along a response: the target's layers over it (what its prefix
+    /// cache and this problem's earlier captures do not hold), then one step of the head.
+    fn predictions(&mut self, prompt: &str, response: &[u32], from: usize) -> Result<Vec<u32>> {
+        if from == response.len() {
+            return Ok(Vec::new());
+        }
+        let mut context = self.engines.prompt_tokens(prompt)?;
+        let response_start = context.len();
+        context.extend_from_slice(response);
+        let started = std::time::Instant::now();
+        let predictions = self.head_predictions(&context, response_start + from)?;
+        tracing::debug!("head: {} positions in {:.1}s", predictions.len(), started.elapsed().as_secs_f64());
+        Ok(predictions)
+    }
+
+    /// The target's continuations decoded together; the head's drafts are left to
+    /// [`MiningEngine::predictions`], for the continuations a search keeps.
+    fn continue_responses_unpredicted(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
+        // Each request's whole context (prompt tokens, then the prefix) and the tokens the
+        // target may add to it.
         let mut asked = Vec::with_capacity(requests.len());
-        let mut response_starts = Vec::with_capacity(requests.len());
         for (prompt, prefix) in requests {
             let mut context = self.engines.prompt_tokens(prompt)?;
-            response_starts.push(context.len());
             context.extend_from_slice(prefix);
             asked.push((context, max_response_tokens.saturating_sub(prefix.len())));
         }
         let started = std::time::Instant::now();
         let generated = self.engines.greedy_with_top_together(Model::Target, &asked, TARGET_TOP_K)?;
-        let generating = started.elapsed().as_secs_f64();
-        let mut continuations = Vec::with_capacity(requests.len());
-        for ((((mut context, _), response_start), (_, prefix)), (new, target_top)) in asked.into_iter().zip(response_starts).zip(requests).zip(generated) {
-            let mut response = prefix.to_vec();
-            response.extend_from_slice(&new);
-            context.extend_from_slice(&new);
-            let predictions = match new.is_empty() {
-                true => Vec::new(),
-                false => self.head_predictions(&context, response_start + prefix.len())?,
-            };
-            continuations.push(Continuation { response, predictions, target_top });
-        }
+        let continuations: Vec<Continuation> = requests
+            .iter()
+            .zip(generated)
+            .map(|((_, prefix), (new, target_top))| Continuation { response: [prefix, new.as_slice()].concat(), predictions: Vec::new(), target_top })
+            .collect();
         tracing::debug!(
-            "target: {} continuations, {} new tokens in {generating:.1}s; head: {:.1}s",
+            "target: {} continuations, {} new tokens in {:.1}s",
             requests.len(),
             continuations.iter().zip(requests).map(|(c, (_, prefix))| c.response.len() - prefix.len()).sum::<usize>(),
-            started.elapsed().as_secs_f64() - generating
+            started.elapsed().as_secs_f64()
         );
         Ok(continuations)
     }

@@ -37,10 +37,28 @@ pub struct MiningTotals {
     pub important: usize,
     pub generated_tokens: usize,
     pub seconds: f64,
+    /// Mismatches labelled by a regeneration (not by the shortcut).
+    pub tested: usize,
+    /// Of those, the ones the shortcut at [`SHORTCUT_AUDIT_BELOW`] would have labelled
+    /// important without a regeneration, and how many of them the regeneration found
+    /// unimportant (labels the shortcut gets wrong).
+    pub shortcut_would_settle: usize,
+    pub shortcut_would_mislabel: usize,
 }
+
+/// The bound the log audits the AutoJudge shortcut at (`mine --important-below`'s usual
+/// value), on labels mined without it: what it would save and what it would get wrong.
+pub const SHORTCUT_AUDIT_BELOW: f32 = 0.01;
 
 impl MiningTotals {
     pub fn add(&mut self, labels: &ProblemLabels) {
+        for m in labels.mismatches.iter().filter(|m| !m.shortcut) {
+            self.tested += 1;
+            if m.draft_probability.is_some_and(|p| p < SHORTCUT_AUDIT_BELOW) {
+                self.shortcut_would_settle += 1;
+                self.shortcut_would_mislabel += usize::from(!m.important);
+            }
+        }
         self.problems += 1;
         self.problems_with_answer += usize::from(labels.target_answer.is_some());
         self.mismatches += labels.mismatches.len();
@@ -59,10 +77,21 @@ impl MiningTotals {
         Ok(totals)
     }
 
+    /// What the shortcut at [`SHORTCUT_AUDIT_BELOW`] would do to the tested labels.
+    pub fn shortcut_audit(&self) -> String {
+        format!(
+            "the shortcut at {SHORTCUT_AUDIT_BELOW} would label {} of {} tested mismatches important without a regeneration ({:.0}%), {} of them wrongly",
+            self.shortcut_would_settle,
+            self.tested,
+            100.0 * self.shortcut_would_settle as f64 / self.tested.max(1) as f64,
+            self.shortcut_would_mislabel
+        )
+    }
+
     pub fn summary(&self) -> String {
         let hours = self.seconds / 3600.0;
         format!(
-            "{} problems ({} with an answer), {} mismatches ({} important, {:.1}%), {} target tokens in {:.2} h: {:.0} problems/h, {:.0} tokens/h",
+            "{} problems ({} with an answer), {} mismatches ({} important, {:.1}%), {} target tokens in {:.2} h: {:.0} problems/h, {:.0} tokens/h; {}",
             self.problems,
             self.problems_with_answer,
             self.mismatches,
@@ -72,6 +101,7 @@ impl MiningTotals {
             hours,
             self.problems as f64 / hours.max(1e-9),
             self.generated_tokens as f64 / hours.max(1e-9),
+            self.shortcut_audit()
         )
     }
 }
@@ -153,9 +183,10 @@ where
 }
 
 /// Algorithm 1 over `plan.together` problems at a time: each step generates the continuation
-/// every running search waits for as one batch; a finished problem is recorded at once and
-/// the next one takes its place. A step's wall time is shared equally among its problems, so
-/// their `seconds` add up to the run's.
+/// every running search waits for as one batch, and the draft's predictions along those the
+/// searches keep (an engine that predicts apart is spared the others'); a finished problem
+/// is recorded at once and the next one takes its place. A step's wall time is shared
+/// equally among its problems, so their `seconds` add up to the run's.
 fn mine_together<E, T>(
     engine: &mut E,
     task: &T,
@@ -191,10 +222,14 @@ where
             .map(|(search, _)| search.wanted_prefix().expect("a running search waits for a continuation"))
             .collect();
         let requests: Vec<(&str, &[u32])> = running.iter().zip(&prefixes).map(|((search, _), prefix)| (search.prompt(), prefix.as_slice())).collect();
-        let found = engine.continue_responses(&requests, plan.max_response_tokens)?;
+        let found = engine.continue_responses_unpredicted(&requests, plan.max_response_tokens)?;
         anyhow::ensure!(found.len() == running.len(), "{} continuations for {} requests", found.len(), running.len());
-        for ((search, _), continuation) in running.iter_mut().zip(found) {
+        for (((search, _), mut continuation), prefix) in running.iter_mut().zip(found).zip(&prefixes) {
             let problem = &problems[search.problem_id()];
+            let left_out = continuation.predictions.len() != continuation.response.len() - prefix.len();
+            if left_out && search.keeps(&continuation, task, problem, &|tokens| engine.decode(tokens))? {
+                continuation.predictions = engine.predictions(search.prompt(), &continuation.response, prefix.len())?;
+            }
             search.take(continuation, task, problem, &|tokens| engine.decode(tokens))?;
         }
         steps += 1;

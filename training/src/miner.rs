@@ -26,7 +26,8 @@ pub struct Continuation {
     /// The whole response: the prefix, then the target's greedy tokens.
     pub response: Vec<u32>,
     /// The draft's arg-max at each position from `prefix.len()` on, given the response
-    /// tokens before it (what the draft proposes there when speculating).
+    /// tokens before it (what the draft proposes there when speculating); empty when left
+    /// out ([`MiningEngine::continue_responses_unpredicted`]).
     pub predictions: Vec<u32>,
     /// The target's best tokens and their probabilities at each position from
     /// `prefix.len()` on, best first (empty: the engine does not report them).
@@ -53,6 +54,18 @@ pub trait MiningEngine {
     /// runs them one after another.
     fn continue_responses(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
         requests.iter().map(|(prompt, prefix)| self.continue_response(prompt, prefix, max_response_tokens)).collect()
+    }
+    /// [`Self::continue_responses`], the draft's predictions left out where the engine
+    /// computes them apart ([`Self::predictions`]): a search then pays for them only on the
+    /// continuations it keeps (the first response and swaps that keep the answer). The
+    /// default predicts as it goes.
+    fn continue_responses_unpredicted(&mut self, requests: &[(&str, &[u32])], max_response_tokens: usize) -> Result<Vec<Continuation>> {
+        self.continue_responses(requests, max_response_tokens)
+    }
+    /// The draft's predictions at positions `from..` of `response` to `prompt`, for a
+    /// continuation [`Self::continue_responses_unpredicted`] returned without them.
+    fn predictions(&mut self, _prompt: &str, _response: &[u32], _from: usize) -> Result<Vec<u32>> {
+        anyhow::bail!("this engine returns continuations with their draft predictions")
     }
     /// Called when a problem mined together with others is done (engines drop what they
     /// keep for it alone).
@@ -165,6 +178,27 @@ impl ProblemSearch {
         self.mismatches.len()
     }
 
+    /// Whether [`Self::take`] keeps `found`, the continuation of [`Self::wanted_prefix`], so
+    /// that it needs the draft's predictions along it: the first response always, a swap's
+    /// when its answer is the first response's (predictions may be left out of `found`).
+    pub fn keeps<T: TaskAdapter>(&self, found: &Continuation, task: &T, problem: &T::Problem, decode: &dyn Fn(&[u32]) -> Result<String>) -> Result<bool> {
+        match self.next {
+            Wanted::First => Ok(true),
+            Wanted::Swap(_) => self.keeps_the_answer(found, task, problem, decode),
+            Wanted::Nothing => anyhow::bail!("a continuation handed to a finished search"),
+        }
+    }
+
+    /// Whether a swap's continuation commits to the first response's answer (one that
+    /// commits to none within the cap does not).
+    fn keeps_the_answer<T: TaskAdapter>(&self, found: &Continuation, task: &T, problem: &T::Problem, decode: &dyn Fn(&[u32]) -> Result<String>) -> Result<bool> {
+        let answer = task.problem_answer(problem, &decode(&found.response)?)?;
+        Ok(match (&self.alpha, &answer) {
+            (Some(a), Some(b)) => task.answers_equivalent(a, b),
+            _ => false,
+        })
+    }
+
     /// The response prefix whose continuation the search needs next; `None` once done.
     pub fn wanted_prefix(&self) -> Option<Vec<u32>> {
         match self.next {
@@ -191,8 +225,10 @@ impl ProblemSearch {
         let prefix = self.wanted_prefix().context("a continuation handed to a finished search")?;
         check_continuation(&found, &prefix, self.max_response_tokens)?;
         self.generated += found.response.len() - prefix.len();
+        let predicted = found.predictions.len() == found.response.len() - prefix.len();
         match self.next {
             Wanted::First => {
+                ensure!(predicted, "the first response came without the draft's predictions");
                 self.alpha = task.problem_answer(problem, &decode(&found.response)?)?;
                 (self.y, self.predicted, self.top) = (found.response, found.predictions, found.target_top);
                 if self.alpha.is_none() {
@@ -201,14 +237,10 @@ impl ProblemSearch {
                 }
             }
             Wanted::Swap(t) => {
-                // A swap whose response commits to no answer within the cap is important.
-                let answer = task.problem_answer(problem, &decode(&found.response)?)?;
-                let equivalent = match (&self.alpha, &answer) {
-                    (Some(a), Some(b)) => task.answers_equivalent(a, b),
-                    _ => false,
-                };
+                let equivalent = self.keeps_the_answer(&found, task, problem, decode)?;
                 self.push_mismatch(t, !equivalent, false);
                 if equivalent {
+                    ensure!(predicted, "a swap's continuation that keeps the answer came without the draft's predictions");
                     // The response goes on from the swap.
                     self.predicted.truncate(t + 1);
                     self.predicted.extend(found.predictions);
@@ -276,23 +308,23 @@ pub fn probability_bound(top: &[(u32, f32)], token: u32) -> Option<f32> {
 }
 
 /// A continuation checked against what was asked: the response extends the prefix within
-/// the cap and there is one prediction per new position.
+/// the cap and there is one prediction per new position, or none (left out).
 fn check_continuation(c: &Continuation, prefix: &[u32], max_response_tokens: usize) -> Result<()> {
     ensure!(
         c.response.starts_with(prefix) && c.response.len() <= max_response_tokens.max(prefix.len()),
         "the engine's response does not extend the prefix within the length cap"
     );
     ensure!(
-        c.predictions.len() == c.response.len() - prefix.len(),
+        c.predictions.is_empty() || c.predictions.len() == c.response.len() - prefix.len(),
         "draft predicted {} positions for {} new tokens",
         c.predictions.len(),
         c.response.len() - prefix.len()
     );
     ensure!(
-        c.target_top.is_empty() || c.target_top.len() == c.predictions.len(),
+        c.target_top.is_empty() || c.target_top.len() == c.response.len() - prefix.len(),
         "the target's best tokens at {} positions for {} new tokens",
         c.target_top.len(),
-        c.predictions.len()
+        c.response.len() - prefix.len()
     );
     Ok(())
 }

@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use verdict_eval::tasks::TaskAdapter;
 use verdict_training::{
     labels::{LabelStore, Mismatch, ProblemLabels},
-    mine::{mine as run_mining, MiningPlan},
+    mine::{mine as run_mining, MiningPlan, MiningTotals},
     miner::{mine_problem, mine_problem_with, probability_bound, Continuation, MiningEngine},
 };
 
@@ -37,6 +37,10 @@ struct Scripted {
     runner_up: Option<f32>,
     /// The number of requests of each `continue_responses` call.
     batches: Vec<usize>,
+    /// Leave the draft's predictions out of batched continuations, for `predictions` (as
+    /// the EAGLE miner does), and count the responses predicted apart.
+    predicts_apart: bool,
+    predicted_apart: Cell<usize>,
 }
 
 impl Scripted {
@@ -46,7 +50,13 @@ impl Scripted {
             calls: Cell::new(0),
             runner_up: None,
             batches: Vec::new(),
+            predicts_apart: false,
+            predicted_apart: Cell::new(0),
         }
+    }
+
+    fn predicting_apart(self) -> Self {
+        Self { predicts_apart: true, ..self }
     }
 
     fn reporting_top(self, runner_up: f32) -> Self {
@@ -123,6 +133,20 @@ impl MiningEngine for Scripted {
     fn continue_responses(&mut self, requests: &[(&str, &[u32])], max: usize) -> Result<Vec<Continuation>> {
         self.batches.push(requests.len());
         requests.iter().map(|(prompt, prefix)| self.continue_response(prompt, prefix, max)).collect()
+    }
+
+    fn continue_responses_unpredicted(&mut self, requests: &[(&str, &[u32])], max: usize) -> Result<Vec<Continuation>> {
+        let mut found = self.continue_responses(requests, max)?;
+        if self.predicts_apart {
+            found.iter_mut().for_each(|c| c.predictions.clear());
+        }
+        Ok(found)
+    }
+
+    fn predictions(&mut self, prompt: &str, response: &[u32], from: usize) -> Result<Vec<u32>> {
+        self.predicted_apart.set(self.predicted_apart.get() + 1);
+        let k = problem_of(prompt);
+        Ok((from..response.len()).map(|i| Self::draft_at(k, response, i)).collect())
     }
 
     fn decode(&self, tokens: &[u32]) -> Result<String> {
@@ -373,4 +397,48 @@ fn problems_mined_together_get_their_labels_alone_and_resume_after_a_kill() {
     // Problem k's labels are problem 0's with its tokens shifted by 1000·k.
     let shifted: Vec<(usize, u32, u32, bool)> = together[2].2.iter().map(|m| (m.position, m.target_token, m.draft_token, m.important)).collect();
     assert_eq!(shifted, vec![(1, 2012, 2112, false), (3, 2016, 2017, true), (6, 2022, 2122, false)]);
+}
+
+/// An engine that predicts apart (the EAGLE miner: the head's drafts need a forward of their
+/// own) is asked for the draft's predictions only along the continuations a search keeps:
+/// each problem's first response and its two swaps that keep the answer, not the swap that
+/// changes it. The labels are those of an engine that predicts every continuation.
+#[test]
+fn predictions_are_asked_only_for_continuations_a_search_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let problems: Vec<u32> = (0..4).collect();
+    let plan = MiningPlan { problems: 0..4, max_response_tokens: 100, important_below: None, together: 2 };
+    let read = |path| {
+        let mut all: Vec<ProblemLabels> = LabelStore::read_all(path).unwrap();
+        all.sort_by_key(|p| p.problem_id);
+        all.into_iter().map(|p| (p.problem_id, p.target_answer, p.mismatches, p.final_response)).collect::<Vec<_>>()
+    };
+    let eager = dir.path().join("eager.jsonl");
+    run_mining(&mut Scripted::new(None), &Numbered, &problems, &plan, &eager).unwrap();
+    let apart = dir.path().join("apart.jsonl");
+    let mut engine = Scripted::new(None).predicting_apart();
+    run_mining(&mut engine, &Numbered, &problems, &plan, &apart).unwrap();
+    assert_eq!(read(&eager), read(&apart));
+    assert_eq!(engine.calls.get(), 4 * problems.len(), "a first response and three swaps a problem");
+    assert_eq!(engine.predicted_apart.get(), 3 * problems.len(), "predicted along the important swap's continuation, or not along a kept one");
+}
+
+/// The log audits the shortcut on labels mined without it: every draft here has probability
+/// at most 0.004 (the runner-up's), so at 0.01 the shortcut would label all three tested
+/// mismatches important, two of them wrongly (positions 1 and 6 keep the answer). Labels the
+/// shortcut made are not audited.
+#[test]
+fn the_shortcut_is_audited_on_tested_labels() {
+    let tested = mine_problem_with(&mut Scripted::new(None).reporting_top(0.004), &LastNumber, 7, &(), 100, None).unwrap();
+    let mut totals = MiningTotals::default();
+    totals.add(&tested);
+    assert_eq!((totals.tested, totals.shortcut_would_settle, totals.shortcut_would_mislabel), (3, 3, 2));
+    let likely = mine_problem_with(&mut Scripted::new(None).reporting_top(0.02), &LastNumber, 7, &(), 100, None).unwrap();
+    let mut totals = MiningTotals::default();
+    totals.add(&likely);
+    assert_eq!((totals.tested, totals.shortcut_would_settle), (3, 0), "drafts at 0.02 are above the bound");
+    let by_shortcut = mine_problem_with(&mut Scripted::new(None).reporting_top(0.004), &LastNumber, 7, &(), 100, Some(0.01)).unwrap();
+    let mut totals = MiningTotals::default();
+    totals.add(&by_shortcut);
+    assert_eq!((totals.mismatches, totals.tested, totals.shortcut_would_settle), (2, 0, 0));
 }
