@@ -46,6 +46,10 @@ for b in verdict train-head; do
   cp "$release/$b" "$bin/$b.new" && mv "$bin/$b.new" "$bin/$b"
 done
 say() { echo "$(date -u +%FT%TZ) long-jobs: $*"; }
+# glibc gives each thread that allocates its own arena, and the engines' threads free KV
+# tensors into arenas that other threads then seldom reuse: a long mining run's resident
+# memory then grows past what it holds. Two arenas keep it near what it uses.
+export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
 
 if [ ! -f heads/general-eagle3/config.json ]; then
   say "1/7 the general EAGLE head"

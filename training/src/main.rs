@@ -625,9 +625,11 @@ fn run_mine(args: &MineArgs, engines: &mut MistralEngines) -> Result<()> {
 /// decodes far more tokens a second than one does, and waits for the longest of them.
 const EAGLE_MINED_TOGETHER: u16 = 8;
 
-/// The prefix caches' bound when problems are mined together: the caches are then never
-/// cleared, and each problem's response and swaps stay cached while it runs.
-const TOGETHER_CACHE_BYTES: usize = 4 << 30;
+/// Each prefix cache's bound when problems are mined together: the caches are then never
+/// cleared. What a step reuses is each running problem's response and its latest swap, well
+/// under this; a larger bound only holds finished problems longer (two caches, each bound
+/// apart).
+const TOGETHER_CACHE_BYTES: usize = 1 << 30;
 
 /// Algorithm 1 over an EAGLE head's first drafts, into `--labels`.
 fn run_eagle_mine(args: &MineArgs) -> Result<()> {
