@@ -77,13 +77,21 @@ say "3/7 labels for a judge of EAGLE drafts"
 math_prompts="$work/math-prompts.jsonl"
 [ -f "$math_prompts" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir" \
   --gsm8k 0 --math 1200 --code 0 --qa 0 --out "$math_prompts"
-"$bin/train-head" mine --eagle-head heads/general-eagle3 --data-dir "$gsm8k_dir" \
-  --first 1000 --problems "${MINE_GSM8K:-300}" --labels heads/eagle_labels_gsm8k.jsonl
-"$bin/train-head" mine --eagle-head heads/general-eagle3 --task mbpp \
-  --first 0 --problems "${MINE_MBPP:-250}" --labels heads/eagle_labels_mbpp.jsonl
-"$bin/train-head" mine --eagle-head heads/general-eagle3 --prompts "$math_prompts" \
-  --source math --first 600 --problems "${MINE_MATH:-100}" --max-response-tokens 512 \
-  --important-below 0.01 --labels heads/eagle_labels_math.jsonl
+# One process per MINE_SLICE problems (default 24): a long mining process's memory grows
+# (≈ 180 MB a minute in session 39, cause not found), and a fresh one starts from the model's.
+# Each process skips the problems its label file already holds.
+mine_in_slices() {
+  local first=$1 count=$2 slice=${MINE_SLICE:-24}
+  shift 2
+  for ((from = first; from < first + count; from += slice)); do
+    "$bin/train-head" mine --eagle-head heads/general-eagle3 --first "$from" \
+      --problems $((first + count - from < slice ? first + count - from : slice)) "$@"
+  done
+}
+mine_in_slices 1000 "${MINE_GSM8K:-300}" --data-dir "$gsm8k_dir" --labels heads/eagle_labels_gsm8k.jsonl
+mine_in_slices 0 "${MINE_MBPP:-250}" --task mbpp --labels heads/eagle_labels_mbpp.jsonl
+mine_in_slices 600 "${MINE_MATH:-100}" --prompts "$math_prompts" --source math \
+  --max-response-tokens 512 --important-below 0.01 --labels heads/eagle_labels_math.jsonl
 
 # 4: the judge of EAGLE drafts: target-only features of each label set (resumable), then one
 # head over the three sets (each holding out its own problems) as heads/gsm8k_head.safetensors.
