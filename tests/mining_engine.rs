@@ -45,8 +45,12 @@ fn last_hidden(engines: &MistralEngines, model: Model, tokens: &[u32]) -> Vec<f3
     last_row(&states.last_hidden.unwrap()).unwrap()
 }
 
+/// The prefix caches' byte count is the process's: tests that hold caches run one at a time.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let mut engines = engines(dir.path());
     let prompt = words(&[3, 1, 4, 1, 5]);
@@ -139,4 +143,32 @@ fn continuations_and_features_do_not_depend_on_the_prefix_cache() {
             "probe {probe}, {m:?} {tokens:?}: hidden states differ by {worst}"
         );
     }
+}
+
+/// Teacher-forced passes (the captures behind features and the EAGLE miner's head drafts) are
+/// cached for later hits, and like finished generations they stay within the CPU byte
+/// bound: a mining run makes thousands of them, and unbounded they grew its memory until
+/// the machine ran out.
+#[test]
+fn teacher_forced_passes_stay_within_the_prefix_cache_bound() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let mut engines = engines(dir.path());
+    // Eight prompts of the same length that share no prefix past the chat template.
+    let passes: Vec<Vec<u32>> = (0..8usize)
+        .map(|k| engines.prompt_tokens(&words(&(0..24).map(|i| (k * 5 + i * 3) % 40).collect::<Vec<_>>())).unwrap())
+        .collect();
+    engines.raw_forward(Model::Target, &passes[0]).unwrap();
+    let held = mistralrs_core::cpu_prefix_cache_bytes();
+    assert!(held > 0, "a teacher-forced pass was not cached");
+    // Room for one pass and a half in the target's cache: each later pass evicts the one
+    // before it. (The draft's cache holds only its start-up passes, under `held`.)
+    mistralrs_core::set_cpu_prefix_cache_limit(Some(held * 3 / 2));
+    let mut after = Vec::new();
+    for pass in &passes[1..] {
+        engines.raw_forward(Model::Target, pass).unwrap();
+        after.push(mistralrs_core::cpu_prefix_cache_bytes());
+    }
+    mistralrs_core::set_cpu_prefix_cache_limit(None);
+    assert!(after.iter().all(|&bytes| bytes <= held * 5 / 2), "bytes held after each pass {after:?}, the first pass's {held}");
 }
