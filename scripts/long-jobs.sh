@@ -77,9 +77,9 @@ say "3/7 labels for a judge of EAGLE drafts"
 math_prompts="$work/math-prompts.jsonl"
 [ -f "$math_prompts" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir" \
   --gsm8k 0 --math 1200 --code 0 --qa 0 --out "$math_prompts"
-# One process per MINE_SLICE problems (default 24): a long mining process's memory grows
-# (≈ 180 MB a minute in session 39, cause not found), and a fresh one starts from the model's.
-# Each process skips the problems its label file already holds.
+# One process per MINE_SLICE problems (default 24), a guard on memory: before mistral.rs
+# 0037 the captures' prefix cache grew without bound (≈ 180 MB a minute), and a fresh
+# process starts from the model's. Each process skips the problems its label file holds.
 mine_in_slices() {
   local first=$1 count=$2 slice=${MINE_SLICE:-24}
   shift 2
