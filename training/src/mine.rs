@@ -227,10 +227,11 @@ where
         for (((search, _), mut continuation), prefix) in running.iter_mut().zip(found).zip(&prefixes) {
             let problem = &problems[search.problem_id()];
             let left_out = continuation.predictions.len() != continuation.response.len() - prefix.len();
-            if left_out && search.keeps(&continuation, task, problem, &|tokens| engine.decode(tokens))? {
+            let keeps = search.keeps(&continuation, task, problem, &|tokens| engine.decode(tokens))?;
+            if left_out && keeps {
                 continuation.predictions = engine.predictions(search.prompt(), &continuation.response, prefix.len())?;
             }
-            search.take(continuation, task, problem, &|tokens| engine.decode(tokens))?;
+            search.take_judged(continuation, keeps, task, problem, &|tokens| engine.decode(tokens))?;
         }
         steps += 1;
         if said.elapsed() >= PROGRESS_EVERY {

@@ -222,6 +222,20 @@ impl ProblemSearch {
         problem: &T::Problem,
         decode: &dyn Fn(&[u32]) -> Result<String>,
     ) -> Result<()> {
+        let keeps = self.keeps(&found, task, problem, decode)?;
+        self.take_judged(found, keeps, task, problem, decode)
+    }
+
+    /// [`Self::take`] with [`Self::keeps`] already asked of `found`: a swap's answer is read
+    /// once (for MBPP that runs the task's tests in the sandbox).
+    pub fn take_judged<T: TaskAdapter>(
+        &mut self,
+        found: Continuation,
+        keeps: bool,
+        task: &T,
+        problem: &T::Problem,
+        decode: &dyn Fn(&[u32]) -> Result<String>,
+    ) -> Result<()> {
         let prefix = self.wanted_prefix().context("a continuation handed to a finished search")?;
         check_continuation(&found, &prefix, self.max_response_tokens)?;
         self.generated += found.response.len() - prefix.len();
@@ -237,7 +251,7 @@ impl ProblemSearch {
                 }
             }
             Wanted::Swap(t) => {
-                let equivalent = self.keeps_the_answer(&found, task, problem, decode)?;
+                let equivalent = keeps;
                 self.push_mismatch(t, !equivalent, false);
                 if equivalent {
                     ensure!(predicted, "a swap's continuation that keeps the answer came without the draft's predictions");
