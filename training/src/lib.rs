@@ -3,7 +3,8 @@
 //!
 //! Data flow: [`miner`] (Algorithm 1 over a [`miner::MiningEngine`]: a draft model, or an
 //! EAGLE head in [`eagle_mine`]) → [`labels`] (append-only
-//! JSONL, one line per problem) → features → [`fit`] (standardise, logistic regression over a
+//! JSONL, one line per problem; batched runs keep their unfinished searches in
+//! [`searches_in_flight`]) → features → [`fit`] (standardise, logistic regression over a
 //! grid, threshold table) → a `verdict_heads::LogisticHead` file.
 
 pub mod autojudge_head;
@@ -25,4 +26,5 @@ pub mod pad_fit;
 pub mod pad_head;
 pub mod pad_mine;
 pub mod responses;
+pub mod searches_in_flight;
 pub mod sv_profile;

@@ -12,6 +12,7 @@ use verdict_eval::tasks::TaskAdapter;
 use crate::{
     labels::{LabelStore, ProblemLabels},
     miner::{mine_problem_with, MiningEngine, ProblemSearch},
+    searches_in_flight::{SearchInFlight, SearchesInFlight},
 };
 
 /// What one mining run covers.
@@ -146,6 +147,11 @@ where
     );
     let run_start = Instant::now();
     let mut run_tokens = 0usize;
+    let in_flight = SearchesInFlight::of_labels(labels);
+    let (resumed, elsewhere) = match plan.together {
+        0 | 1 => (Vec::new(), Vec::new()),
+        _ => sort_searches_in_flight(&in_flight, &store, task, problems, plan, &todo)?,
+    };
     let mut record = |mined: ProblemLabels| -> Result<()> {
         store.append(&mined)?;
         totals.add(&mined);
@@ -175,24 +181,75 @@ where
             record(mine_problem_with(engine, task, id, &problems[id], plan.max_response_tokens, plan.important_below)?)?;
         }
     } else {
-        mine_together(engine, task, problems, plan, todo, &mut record)?;
+        mine_together(engine, task, problems, plan, todo, Resumable { file: &in_flight, resumed, elsewhere }, &mut record)?;
     }
     bar.finish();
     tracing::info!("{}: {}", labels.display(), totals.summary());
     Ok(totals)
 }
 
+/// The searches a batched run finds in flight: those it resumes, those of problems outside
+/// its range (kept in the file for the run that covers them), and the file they live in.
+struct Resumable<'a> {
+    file: &'a SearchesInFlight,
+    resumed: Vec<SearchInFlight>,
+    elsewhere: Vec<SearchInFlight>,
+}
+
+/// Sort the file's searches: resume those of problems this run has to do that were started
+/// with the same prompt, cap and shortcut; keep those of problems outside its range; drop
+/// the rest (finished problems, and other plans' searches, which start over).
+fn sort_searches_in_flight<T: TaskAdapter>(
+    file: &SearchesInFlight,
+    store: &LabelStore,
+    task: &T,
+    problems: &[T::Problem],
+    plan: &MiningPlan,
+    todo: &[usize],
+) -> Result<(Vec<SearchInFlight>, Vec<SearchInFlight>)> {
+    let (mut resumed, mut elsewhere) = (Vec::new(), Vec::new());
+    for found in file.load()? {
+        let id = found.search.problem_id();
+        if store.is_done(id) {
+            continue;
+        }
+        if !todo.contains(&id) {
+            elsewhere.push(found);
+        } else if found.search.wanted_prefix().is_some() && found.search.follows(&task.prompt(&problems[id]), plan.max_response_tokens, plan.important_below) {
+            resumed.push(found);
+        } else {
+            tracing::warn!(
+                "{}: problem {id}'s search was started with another prompt, length cap or shortcut; mining it from its start",
+                file.path().display()
+            );
+        }
+    }
+    if !resumed.is_empty() {
+        tracing::info!(
+            "{}: resuming {} searches where a killed run left them (problems {:?}, {} mismatches already labelled)",
+            file.path().display(),
+            resumed.len(),
+            resumed.iter().map(|s| s.search.problem_id()).collect::<Vec<_>>(),
+            resumed.iter().map(|s| s.search.labelled()).sum::<usize>()
+        );
+    }
+    Ok((resumed, elsewhere))
+}
+
 /// Algorithm 1 over `plan.together` problems at a time: each step generates the continuation
 /// every running search waits for as one batch, and the draft's predictions along those the
 /// searches keep (an engine that predicts apart is spared the others'); a finished problem
 /// is recorded at once and the next one takes its place. A step's wall time is shared
-/// equally among its problems, so their `seconds` add up to the run's.
+/// equally among its problems, so their `seconds` add up to the run's. After each step the
+/// searches still running are written to the file of searches in flight, and a run starts
+/// with the searches a killed one left there.
 fn mine_together<E, T>(
     engine: &mut E,
     task: &T,
     problems: &[T::Problem],
     plan: &MiningPlan,
     todo: Vec<usize>,
+    in_flight: Resumable,
     record: &mut dyn FnMut(ProblemLabels) -> Result<()>,
 ) -> Result<()>
 where
@@ -200,8 +257,11 @@ where
     T: TaskAdapter,
 {
     engine.start_problem()?;
-    let mut queue = todo.into_iter();
-    let mut running: Vec<(ProblemSearch, f64)> = Vec::new();
+    let Resumable { file, resumed, elsewhere } = in_flight;
+    let resumed_ids: Vec<usize> = resumed.iter().map(|s| s.search.problem_id()).collect();
+    let mut waiting: std::collections::VecDeque<SearchInFlight> = resumed.into();
+    let mut queue = todo.into_iter().filter(|id| !resumed_ids.contains(id));
+    let mut running: Vec<SearchInFlight> = Vec::new();
     // A problem takes one step per regeneration its mismatches need, so the first labels can
     // take many minutes: say, now and then, that the searches move (the bar is not drawn
     // into a log file).
@@ -209,9 +269,15 @@ where
     let mut steps = 0usize;
     loop {
         while running.len() < plan.together {
-            let Some(id) = queue.next() else { break };
-            let search = ProblemSearch::new(id, &task.prompt(&problems[id]), plan.max_response_tokens, plan.important_below);
-            running.push((search, 0.0));
+            let next = match waiting.pop_front() {
+                Some(resumed) => resumed,
+                None => {
+                    let Some(id) = queue.next() else { break };
+                    let search = ProblemSearch::new(id, &task.prompt(&problems[id]), plan.max_response_tokens, plan.important_below);
+                    SearchInFlight { search, seconds: 0.0 }
+                }
+            };
+            running.push(next);
         }
         if running.is_empty() {
             return Ok(());
@@ -219,12 +285,12 @@ where
         let step = Instant::now();
         let prefixes: Vec<Vec<u32>> = running
             .iter()
-            .map(|(search, _)| search.wanted_prefix().expect("a running search waits for a continuation"))
+            .map(|s| s.search.wanted_prefix().expect("a running search waits for a continuation"))
             .collect();
-        let requests: Vec<(&str, &[u32])> = running.iter().zip(&prefixes).map(|((search, _), prefix)| (search.prompt(), prefix.as_slice())).collect();
+        let requests: Vec<(&str, &[u32])> = running.iter().zip(&prefixes).map(|(s, prefix)| (s.search.prompt(), prefix.as_slice())).collect();
         let found = engine.continue_responses_unpredicted(&requests, plan.max_response_tokens)?;
         anyhow::ensure!(found.len() == running.len(), "{} continuations for {} requests", found.len(), running.len());
-        for (((search, _), mut continuation), prefix) in running.iter_mut().zip(found).zip(&prefixes) {
+        for ((SearchInFlight { search, .. }, mut continuation), prefix) in running.iter_mut().zip(found).zip(&prefixes) {
             let problem = &problems[search.problem_id()];
             let left_out = continuation.predictions.len() != continuation.response.len() - prefix.len();
             let keeps = search.keeps(&continuation, task, problem, &|tokens| engine.decode(tokens))?;
@@ -238,16 +304,16 @@ where
             said = Instant::now();
             tracing::info!(
                 "mining: {steps} batched steps this run; problems in progress {:?}, {} mismatches labelled in them so far",
-                running.iter().map(|(search, _)| search.problem_id()).collect::<Vec<_>>(),
-                running.iter().map(|(search, _)| search.labelled()).sum::<usize>()
+                running.iter().map(|s| s.search.problem_id()).collect::<Vec<_>>(),
+                running.iter().map(|s| s.search.labelled()).sum::<usize>()
             );
         }
         let share = step.elapsed().as_secs_f64() / running.len() as f64;
         let mut still = Vec::with_capacity(running.len());
-        for (search, seconds) in running {
+        for SearchInFlight { search, seconds } in running {
             let seconds = seconds + share;
             match search.wanted_prefix() {
-                Some(_) => still.push((search, seconds)),
+                Some(_) => still.push(SearchInFlight { search, seconds }),
                 None => {
                     engine.finish_problem(search.prompt())?;
                     let mut mined = search.finish();
@@ -257,5 +323,8 @@ where
             }
         }
         running = still;
+        // Recorded problems first, then the file without them: a kill in between leaves a
+        // finished problem's search, which the next run drops.
+        file.save(running.iter().chain(&waiting).chain(&elsewhere))?;
     }
 }

@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
+use serde::{Deserialize, Serialize};
 use verdict_eval::tasks::TaskAdapter;
 
 use crate::labels::{Mismatch, ProblemLabels};
@@ -115,12 +116,16 @@ pub fn mine_problem_with<E: MiningEngine, T: TaskAdapter>(
 
 /// Algorithm 1 on one problem as a search that asks for one continuation at a time
 /// ([`Self::wanted_prefix`]) and is handed it ([`Self::take`]), so that the searches of
-/// several problems can have their continuations generated together.
+/// several problems can have their continuations generated together. It serializes whole
+/// (but for its clock), so that a killed run resumes it where it stood
+/// ([`crate::searches_in_flight`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProblemSearch {
     problem_id: usize,
     prompt: String,
     max_response_tokens: usize,
     important_below: Option<f32>,
+    #[serde(skip, default = "Instant::now")]
     started: Instant,
     generated: usize,
     /// The answer of the target's first response (`None`: no labels for this problem).
@@ -137,7 +142,7 @@ pub struct ProblemSearch {
 }
 
 /// The continuation a search waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Wanted {
     /// The target's own response.
     First,
@@ -171,6 +176,12 @@ impl ProblemSearch {
 
     pub fn problem_id(&self) -> usize {
         self.problem_id
+    }
+
+    /// Whether this search was started by a run with this cap and shortcut: only then may
+    /// such a run resume it (its labels would otherwise mix two plans).
+    pub fn follows(&self, prompt: &str, max_response_tokens: usize, important_below: Option<f32>) -> bool {
+        self.prompt == prompt && self.max_response_tokens == max_response_tokens && self.important_below == important_below
     }
 
     /// Mismatches labelled so far.

@@ -14,6 +14,7 @@ use verdict_training::{
     labels::{LabelStore, Mismatch, ProblemLabels},
     mine::{mine as run_mining, MiningPlan, MiningTotals},
     miner::{mine_problem, mine_problem_with, probability_bound, Continuation, MiningEngine},
+    searches_in_flight::SearchesInFlight,
 };
 
 const BASE: [u32; 8] = [10, 12, 14, 16, 18, 20, 22, 40];
@@ -397,6 +398,52 @@ fn problems_mined_together_get_their_labels_alone_and_resume_after_a_kill() {
     // Problem k's labels are problem 0's with its tokens shifted by 1000·k.
     let shifted: Vec<(usize, u32, u32, bool)> = together[2].2.iter().map(|m| (m.position, m.target_token, m.draft_token, m.important)).collect();
     assert_eq!(shifted, vec![(1, 2012, 2112, false), (3, 2016, 2017, true), (6, 2022, 2122, false)]);
+}
+
+/// A batched run killed between steps loses none of its searches' continuations: the file
+/// beside the labels holds the searches in flight, the next run resumes them, and the labels
+/// are those mined alone. A run over another range keeps the searches it does not cover; a
+/// search started with another length cap starts over.
+#[test]
+fn a_killed_batched_run_resumes_its_searches_where_they_stood() {
+    let dir = tempfile::tempdir().unwrap();
+    let problems: Vec<u32> = (0..5).collect();
+    let plan = |range: std::ops::Range<usize>, max_response_tokens| MiningPlan { problems: range, max_response_tokens, important_below: None, together: 3 };
+    let alone = dir.path().join("alone.jsonl");
+    run_mining(&mut Scripted::new(None), &Numbered, &problems, &MiningPlan { together: 1, ..plan(0..5, 100) }, &alone).unwrap();
+    let read = |path| {
+        let mut all: Vec<ProblemLabels> = LabelStore::read_all(path).unwrap();
+        all.sort_by_key(|p| p.problem_id);
+        all.into_iter().map(|p| (p.problem_id, p.target_answer, p.mismatches, p.final_response, p.generated_tokens)).collect::<Vec<_>>()
+    };
+    // Four continuations a problem, 20 in all. The engine dies inside the third step:
+    // problems 0–2 have had two continuations each.
+    let labels = dir.path().join("together.jsonl");
+    let in_flight = SearchesInFlight::of_labels(&labels);
+    assert!(run_mining(&mut Scripted::new(Some(8)), &Numbered, &problems, &plan(0..5, 100), &labels).is_err());
+    let held: Vec<usize> = in_flight.load().unwrap().iter().map(|s| s.search.problem_id()).collect();
+    assert_eq!(held, [0, 1, 2]);
+
+    // A run over problems 3 and 4 mines them whole and leaves the others' searches be.
+    let mut other_range = Scripted::new(None);
+    run_mining(&mut other_range, &Numbered, &problems, &plan(3..5, 100), &labels).unwrap();
+    assert_eq!(other_range.calls.get(), 8);
+    assert_eq!(in_flight.load().unwrap().len(), 3);
+
+    // The run over all of them resumes the three searches: two continuations each are left.
+    let mut resumed = Scripted::new(None);
+    run_mining(&mut resumed, &Numbered, &problems, &plan(0..5, 100), &labels).unwrap();
+    assert_eq!(resumed.calls.get(), 6, "a resumed search asks only for the continuations it lacked");
+    assert!(!in_flight.path().exists(), "no searches in flight once every problem is done");
+    assert_eq!(read(&alone), read(&labels));
+
+    // Searches left by a run with another length cap are mined from their start.
+    let capped = dir.path().join("capped.jsonl");
+    assert!(run_mining(&mut Scripted::new(Some(8)), &Numbered, &problems, &plan(0..5, 100), &capped).is_err());
+    let mut other_cap = Scripted::new(None);
+    run_mining(&mut other_cap, &Numbered, &problems, &plan(0..5, 99), &capped).unwrap();
+    assert_eq!(other_cap.calls.get(), 20);
+    assert_eq!(read(&alone), read(&capped));
 }
 
 /// An engine that predicts apart (the EAGLE miner: the head's drafts need a forward of their
