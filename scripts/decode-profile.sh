@@ -6,20 +6,25 @@
 #     names its binary (built from the llama-cpp-python sdist, docs/patches-and-kernels.md);
 #   - where the cycles of decoding go, by function (`perf`, when installed).
 # Run it alone on the cores: pause background jobs (kill -STOP) first. REPEATS runs of each,
-# interleaved. Output: bench-results/decode-profile-*.
+# interleaved. Output: OUT (default bench-results/decode-profile-<isa>-<date>, so that a run
+# on another machine never overwrites the profiles committed from earlier ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/verdict/target}"
 verdict="$CARGO_TARGET_DIR/release/verdict"
 threads="$(nproc)"
 model="$("$verdict" fetch-models qwen2.5-coder-1.5b-instruct-q4_k_m 2>/dev/null | sed -n 's/^[^:]*: //p' | tail -1)"
-mkdir -p bench-results
+isa=avx2
+grep -qw avx512f /proc/cpuinfo && isa=avx512
+out="${OUT:-bench-results/decode-profile-$isa-$(date -u +%Y%m%d-%H%M)}"
+mkdir -p "$out"
+lscpu > "$out/lscpu.txt"
 for i in $(seq "${REPEATS:-2}"); do
   "$verdict" forward-cost --config configs/default.toml --tokens 1,5,8 --kernels row-invariant \
-    --repeats 3 --matmul-repeats 0 --context-problems 3 --out "bench-results/decode-profile-forward-$i.json" 2>/dev/null
+    --repeats 3 --matmul-repeats 0 --context-problems 3 --out "$out/forward-$i.json" 2>/dev/null
   if [ -n "${LLAMA_BENCH:-}" ]; then
     # A 256-token context, as forward-cost's ≈ 230-token prompt.
-    "$LLAMA_BENCH" -m "$model" -t "$threads" -p 5,8 -n 64 -d 256 -r 3 -o md 2>/dev/null
+    "$LLAMA_BENCH" -m "$model" -t "$threads" -p 5,8 -n 64 -d 256 -r 3 -o md 2>/dev/null | tee -a "$out/llama-bench.md"
   fi
 done
 if command -v perf > /dev/null; then
@@ -32,6 +37,7 @@ if command -v perf > /dev/null; then
   perf record -F 2999 -p "$pid" -o "$perf_data" -- sleep 10 2> /dev/null
   kill "$pid" 2> /dev/null || true
   perf report -i "$perf_data" --no-children --sort dso,symbol --stdio 2> /dev/null \
-    | grep "%" | head -25 | cut -c1-140
+    | grep "%" | head -25 | cut -c1-140 | tee "$out/perf.txt"
   rm -f "$perf_data"
 fi
+echo "decode profile written to $out"
