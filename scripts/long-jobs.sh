@@ -77,11 +77,13 @@ say "3/7 labels for a judge of EAGLE drafts"
 math_prompts="$work/math-prompts.jsonl"
 [ -f "$math_prompts" ] || "$bin/train-head" mixture --data-dir "$gsm8k_dir" \
   --gsm8k 0 --math 1200 --code 0 --qa 0 --out "$math_prompts"
-# One process per MINE_SLICE problems (default 24), a guard on memory: before mistral.rs
+# One process per MINE_SLICE problems (default 100), a guard on memory: before mistral.rs
 # 0037 the captures' prefix cache grew without bound (≈ 180 MB a minute), and a fresh
-# process starts from the model's. Each process skips the problems its label file holds.
+# process starts from the model's. With 0037 a process levels off near 8 GB within two
+# hours; slices stay few, since each one's end runs a draining batch. Each process skips the
+# problems its label file holds and resumes the searches a killed one left in flight.
 mine_in_slices() {
-  local first=$1 count=$2 slice=${MINE_SLICE:-24}
+  local first=$1 count=$2 slice=${MINE_SLICE:-100}
   shift 2
   for ((from = first; from < first + count; from += slice)); do
     "$bin/train-head" mine --eagle-head heads/general-eagle3 --first "$from" \
