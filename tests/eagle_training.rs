@@ -257,8 +257,8 @@ impl verdict_eval::tasks::TaskAdapter for LastWord {
 }
 
 /// `mine --eagle-head --together`: the continuations of several problems decoded as one
-/// batch (ragged lengths, prefix caches kept across problems) give each problem the labels
-/// it gets mined alone.
+/// batch (ragged lengths, prefix caches kept across problems, layers recorded by the
+/// decode) give each problem the labels it gets mined alone (layers captured).
 #[test]
 fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
     let _capturing = capturing();
@@ -291,11 +291,14 @@ fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
     let mut miner = EagleMiningEngine::with_head(MistralEngines::target_only(&models).unwrap(), head.clone(), embeddings.clone(), LAYERS.to_vec());
     mine(&mut miner, &LastWord, &problems, &plan(1), &alone).unwrap();
     drop(miner);
+    // Together as `train-head mine` runs: the layers from the decodes' recordings.
     let together = dir.path().join("together.jsonl");
-    let mut engines = MistralEngines::target_only(&models).unwrap();
+    let recorder = std::sync::Arc::new(verdict_training::decode_layers::DecodeLayerRecorder::new(LAYERS.to_vec()));
+    let mut engines = MistralEngines::target_only_recording(&models, recorder).unwrap();
     engines.batch_continuations(3, 1 << 28);
     let mut miner = EagleMiningEngine::with_head(engines, head, embeddings, LAYERS.to_vec());
     mine(&mut miner, &LastWord, &problems, &plan(3), &together).unwrap();
+    assert!(miner.recorded_rows() > 0, "no layers came from the decodes");
 
     let (alone, together) = (labels(&alone), labels(&together));
     assert_eq!(together.len(), problems.len());
@@ -313,4 +316,59 @@ fn eagle_mining_problems_together_gives_the_labels_mined_alone() {
             assert!((a - b).abs() <= 1e-4 * a.max(*b), "the draft's probability {a} alone, {b} together");
         }
     }
+}
+
+/// The layers a recording target's decode computed for a continuation are the ones a
+/// teacher-forced capture of the same tokens records: for first responses decoded together,
+/// and for a swap's continuation, whose prefix comes from the response before it.
+#[test]
+fn layers_recorded_while_decoding_match_a_teacher_forced_capture() {
+    let _capturing = capturing();
+    use verdict::tiny_model::words;
+    use verdict_training::{decode_layers::DecodeLayerRecorder, eagle_capture::capture_layers, eagle_mine::EagleMiningEngine, miner::MiningEngine};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_, models, head, embeddings) = target_with_random_head(dir.path());
+    let recorder = std::sync::Arc::new(DecodeLayerRecorder::new(LAYERS.to_vec()));
+    let mut engines = MistralEngines::target_only_recording(&models, recorder).unwrap();
+    engines.batch_continuations(3, 1 << 28);
+    let mut miner = EagleMiningEngine::with_head(engines, head, embeddings, LAYERS.to_vec());
+    let mut reference = MistralEngines::target_only(&models).unwrap();
+    // Rows 0..T − 2 of prompt ⊕ response: what the head's drafts along the response read.
+    let mut compare = |miner: &mut EagleMiningEngine, prompt: &str, response: &[u32]| {
+        let mut tokens = miner.engines().prompt_tokens(prompt).unwrap();
+        tokens.extend_from_slice(response);
+        let tokens = &tokens[..tokens.len() - 2];
+        let recorded_before = miner.recorded_rows();
+        let layers = miner.target_layers(tokens).unwrap().to_dtype(DType::F32).unwrap();
+        let recorded = miner.recorded_rows() - recorded_before;
+        let (_, captured) = capture_layers(&mut reference, Model::Target, tokens, &LAYERS).unwrap();
+        let captured = captured.to_dtype(DType::F32).unwrap();
+        let gap: f32 = (&layers - &captured).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        let scale: f32 = captured.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        // Both are stored as f16: one rounding apart at most, where the sums agree.
+        assert!(gap <= 2e-3 * scale.max(1.0), "recorded layers of {prompt:?} miss the capture's by {gap} (scale {scale})");
+        recorded
+    };
+
+    let prompts: Vec<String> = [[3, 24, 41, 9], [5, 11, 30, 2], [17, 8, 44, 1]].iter().map(|w| words(w)).collect();
+    let requests: Vec<(&str, &[u32])> = prompts.iter().map(|p| (p.as_str(), &[][..])).collect();
+    let first = miner.continue_responses_unpredicted(&requests, 16).unwrap();
+    for (prompt, continuation) in prompts.iter().zip(&first) {
+        assert!(continuation.response.len() >= 4, "a response too short to compare: {:?}", continuation.response);
+        let recorded = compare(&mut miner, prompt, &continuation.response);
+        assert!(recorded >= continuation.response.len() - 2, "{recorded} rows of {prompt:?} came from its decode");
+    }
+
+    // A swap in the second problem's response: the target's prefix cache holds its first
+    // three tokens, so the decode records from there and the rows before come from the
+    // first response's layers.
+    let response = &first[1].response;
+    let mut prefix = response[..3].to_vec();
+    prefix.push(if response[3] == 7 { 8 } else { 7 });
+    let swapped = miner.continue_responses_unpredicted(&[(prompts[1].as_str(), &prefix[..])], 16).unwrap().pop().unwrap();
+    let reused_before = miner.reused_rows();
+    let recorded = compare(&mut miner, &prompts[1], &swapped.response);
+    assert!(recorded >= swapped.response.len() - 5, "only {recorded} rows of the swap's continuation came from its decode");
+    assert!(miner.reused_rows() > reused_before, "the prefix's rows were not taken from the first response");
 }

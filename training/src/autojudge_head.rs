@@ -140,10 +140,11 @@ fn markdown(report: &HeadReport) -> String {
     let mut md = format!(
         "# AutoJudge head ({} features)\n\n\
          - labels: `{}`: {} mismatches, {} important ({:.1}%)\n\
-         - split by problem: {} train mismatches ({} problems), {} validation ({} problems)\n\
-         - C chosen by validation ROC-AUC: C = {:.0e}, validation AUC **{:.3}** (train {:.3})\n\
-         - τ = {}: the largest threshold with validation recall of important tokens ≥ {:.0}%\n\n\
-         | C | validation AUC |\n|---|---|\n",
+         - split by problem: {} train mismatches ({} problems), {} selection ({} problems), {} validation ({} problems)\n\
+         - C chosen by ROC-AUC on the selection problems: C = {:.0e} (selection AUC {:.3}, train {:.3})\n\
+         - τ = {}: the largest threshold with selection recall of important tokens ≥ {:.0}%\n\
+         - on the validation problems, which chose neither: AUC **{:.3}**; at τ, recall of important {:.1}% with {:.1}% of mismatches accepted\n\n\
+         | C | selection AUC |\n|---|---|\n",
         report.features,
         report.labels.join("`, `"),
         report.mismatches,
@@ -151,13 +152,18 @@ fn markdown(report: &HeadReport) -> String {
         100.0 * fit.important_share,
         fit.train_samples,
         fit.train_problems,
+        fit.selection_samples,
+        fit.selection_problems,
         fit.validation_samples,
         fit.validation_problems,
         fit.best_c,
-        fit.validation_auc,
+        fit.selection_auc,
         fit.train_auc,
         format_tau(fit.chosen_tau),
         100.0 * fit.min_recall,
+        fit.validation_auc,
+        100.0 * fit.validation_at_tau.recall,
+        100.0 * fit.validation_at_tau.accepted_share,
     );
     for (c, auc) in &fit.grid {
         md += &format!("| {c:.0e} | {auc:.3} |\n");
@@ -176,7 +182,7 @@ fn markdown(report: &HeadReport) -> String {
             );
         }
     }
-    md += "\nAccept a mismatch iff P(important) < τ. On the validation split:\n\n\
+    md += "\nAccept a mismatch iff P(important) < τ. On the selection problems:\n\n\
            | τ | recall of important | precision | mismatches accepted |\n|---|---|---|---|\n";
     for row in &fit.thresholds {
         md += &format!(

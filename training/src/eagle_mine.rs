@@ -10,6 +10,11 @@
 //! A continuation shares its prompt and prefix with an earlier one of the problem: those
 //! positions' layers are taken from it, and the target computes only the rest (its prefix
 //! cache in an engine that serves these captures alone).
+//!
+//! Built by [`EagleMiningEngine::new`], the target decodes continuations through a
+//! [`DecodeLayerRecorder`], so the layers of a continuation's new positions come from the
+//! decode that wrote it, and the teacher-forced capture runs only when a recording falls
+//! short (a continuation of one token, or a prefix no earlier layers of the problem cover).
 //! Only first drafts are mined: a step's later drafts read the head's own outputs, whose
 //! mismatches follow from the first ones.
 
@@ -27,6 +32,7 @@ use verdict::{
 use verdict_heads::{Eagle3Head, WeightFormat};
 
 use crate::{
+    decode_layers::{DecodeLayerRecorder, Recording},
     eagle_capture,
     engine::{MistralEngines, Model, TARGET_TOP_K},
     miner::{Continuation, MiningEngine},
@@ -44,6 +50,10 @@ pub struct EagleMiningEngine {
     captured: Vec<(Vec<u32>, Tensor)>,
     /// Rows of layers taken from earlier captures instead of computed (for logs and tests).
     reused_rows: usize,
+    /// What the last continuations' decodes recorded (engines with a recorder).
+    recorded: Vec<Recording>,
+    /// Rows of layers taken from decode recordings (for logs and tests).
+    recorded_rows: usize,
 }
 
 impl EagleMiningEngine {
@@ -55,24 +65,29 @@ impl EagleMiningEngine {
         head.quantize(WeightFormat::F32)?;
         let layers = capture_layers(&head.config.aux_layers(fingerprint.num_layers), fingerprint.num_layers)
             .with_context(|| format!("EAGLE-3 head {}", head_dir.display()))?;
-        Ok(Self {
-            engines: MistralEngines::target_only(models)?,
-            head: Arc::new(head),
-            embeddings: target_embeddings(&models.target_source)?,
+        let recorder = Arc::new(DecodeLayerRecorder::new(layers.clone()));
+        Ok(Self::with_head(
+            MistralEngines::target_only_recording(models, recorder)?,
+            Arc::new(head),
+            target_embeddings(&models.target_source)?,
             layers,
-            captured: Vec::new(),
-            reused_rows: 0,
-        })
+        ))
     }
 
-    /// Over a head and embeddings already loaded (tests).
+    /// Over a head and embeddings already loaded (tests). Engines built with
+    /// [`MistralEngines::target_only_recording`] over `layers` have their recordings used.
     pub fn with_head(engines: MistralEngines, head: Arc<Eagle3Head>, embeddings: Arc<dyn TokenEmbeddings>, layers: Vec<usize>) -> Self {
-        Self { engines, head, embeddings, layers, captured: Vec::new(), reused_rows: 0 }
+        Self { engines, head, embeddings, layers, captured: Vec::new(), reused_rows: 0, recorded: Vec::new(), recorded_rows: 0 }
     }
 
     /// Rows of target layers taken from earlier captures so far instead of computed.
     pub fn reused_rows(&self) -> usize {
         self.reused_rows
+    }
+
+    /// Rows of target layers taken from decode recordings so far.
+    pub fn recorded_rows(&self) -> usize {
+        self.recorded_rows
     }
 
     pub fn engines(&mut self) -> &mut MistralEngines {
@@ -89,7 +104,7 @@ impl EagleMiningEngine {
         }
         // Rows 0..rows: the target's layers at each position, and the token after it.
         let rows = tokens.len() - 2;
-        let aux = self.layers_of(&tokens[..rows])?.to_dtype(DType::F32)?;
+        let aux = self.target_layers(&tokens[..rows])?.to_dtype(DType::F32)?;
         let embeds = self.embeddings.embed(&tokens[1..rows + 1])?;
         let out = self.head.forward_ttt_from(&aux, &[embeds], from - 2)?;
         let best: Vec<u32> = out[0].logits.argmax(D::Minus1)?.to_vec1()?;
@@ -98,12 +113,59 @@ impl EagleMiningEngine {
 }
 
 impl EagleMiningEngine {
-    /// The target's layers at every position of `tokens`, `(T, 3H)` f16: computed past what
-    /// an earlier capture of this problem shares with it, taken from that capture before.
-    fn layers_of(&mut self, tokens: &[u32]) -> Result<Tensor> {
+    /// The target's layers at every position of `tokens`, `(T, 3H)` f16: from the decode
+    /// that wrote them where the last continuations' recordings cover them, else computed
+    /// past what an earlier capture of this problem shares with it; before that, taken from
+    /// that earlier capture.
+    pub fn target_layers(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        let aux = match self.recorded_layers(tokens)? {
+            Some(aux) => aux,
+            None => self.captured_layers(tokens)?,
+        };
+        ensure!(aux.dim(0)? == tokens.len(), "{} rows of layers for {} positions", aux.dim(0)?, tokens.len());
+        self.captured.push((tokens.to_vec(), aux.clone()));
+        Ok(aux)
+    }
+
+    /// The layers at every position of `tokens` from a decode recording of a sequence that
+    /// starts with them, the rows before the recording from an earlier capture of the same
+    /// prefix; `None` when either is missing.
+    fn recorded_layers(&mut self, tokens: &[u32]) -> Result<Option<Tensor>> {
+        let n = tokens.len();
+        let mut covering = None;
+        for recording in &self.recorded {
+            if recording.start + recording.rows()? >= n && recording.tokens.len() >= n && recording.tokens[..n] == *tokens {
+                covering = Some(recording);
+                break;
+            }
+        }
+        let Some(recording) = covering else {
+            return Ok(None);
+        };
+        let before = recording.start.min(n);
+        let earlier = match before {
+            0 => None,
+            _ => match self.captured.iter().find(|(earlier, _)| earlier.len() >= before && earlier[..before] == tokens[..before]) {
+                Some((_, earlier)) => Some(earlier.narrow(0, 0, before)?),
+                None => return Ok(None),
+            },
+        };
+        let recorded = recording.layers.narrow(0, 0, n - before)?;
+        self.reused_rows += before;
+        self.recorded_rows += n - before;
+        Ok(Some(match earlier {
+            Some(earlier) => Tensor::cat(&[&earlier, &recorded], 0)?,
+            None => recorded,
+        }))
+    }
+
+    /// The layers at every position of `tokens` from a teacher-forced capture: computed past
+    /// what the capture engine's prefix cache holds, taken before that from an earlier
+    /// capture of this problem.
+    fn captured_layers(&mut self, tokens: &[u32]) -> Result<Tensor> {
         // Captures run in the second target engine, whose prefix cache holds only them.
         let (forward, fresh) = eagle_capture::capture_layers_after_cache(&self.engines, Model::Draft, tokens, &self.layers)?;
-        let aux = match forward.first {
+        Ok(match forward.first {
             0 => fresh,
             first => match self.captured.iter().find(|(earlier, _)| earlier.len() >= first && earlier[..first] == tokens[..first]) {
                 Some((_, earlier)) => {
@@ -113,10 +175,7 @@ impl EagleMiningEngine {
                 // The cache held a sequence this engine did not record: capture it whole.
                 None => eagle_capture::capture_layers(&mut self.engines, Model::Draft, tokens, &self.layers)?.1,
             },
-        };
-        ensure!(aux.dim(0)? == tokens.len(), "{} rows of layers for {} positions", aux.dim(0)?, tokens.len());
-        self.captured.push((tokens.to_vec(), aux.clone()));
-        Ok(aux)
+        })
     }
 }
 
@@ -147,12 +206,26 @@ impl MiningEngine for EagleMiningEngine {
         if from == response.len() {
             return Ok(Vec::new());
         }
-        let mut context = self.engines.prompt_tokens(prompt)?;
-        let response_start = context.len();
+        let prompt_tokens = self.engines.prompt_tokens(prompt)?;
+        let mut context = prompt_tokens.clone();
         context.extend_from_slice(response);
-        let started = std::time::Instant::now();
-        let predictions = self.head_predictions(&context, response_start + from)?;
-        tracing::debug!("head: {} positions in {:.1}s", predictions.len(), started.elapsed().as_secs_f64());
+        let (started, recorded_before) = (std::time::Instant::now(), self.recorded_rows);
+        let predictions = self.head_predictions(&context, prompt_tokens.len() + from)?;
+        tracing::debug!(
+            "head: {} positions in {:.1}s, {} rows of layers from the decode",
+            predictions.len(),
+            started.elapsed().as_secs_f64(),
+            self.recorded_rows - recorded_before
+        );
+        // The search goes on from this response alone: the problem's earlier layers are
+        // no longer needed (a capture whose prefix they held recomputes it).
+        if let Some(latest) = self.captured.len().checked_sub(1) {
+            let mut index = 0;
+            self.captured.retain(|(tokens, _)| {
+                index += 1;
+                index - 1 == latest || !tokens.starts_with(&prompt_tokens)
+            });
+        }
         Ok(predictions)
     }
 
@@ -168,7 +241,11 @@ impl MiningEngine for EagleMiningEngine {
             asked.push((context, max_response_tokens.saturating_sub(prefix.len())));
         }
         let started = std::time::Instant::now();
+        if let Some(recorder) = self.engines.recorder() {
+            recorder.clear();
+        }
         let generated = self.engines.greedy_with_top_together(Model::Target, &asked, TARGET_TOP_K)?;
+        self.recorded = self.engines.recorder().map(|r| r.take_finished()).unwrap_or_default();
         let continuations: Vec<Continuation> = requests
             .iter()
             .zip(generated)

@@ -15,6 +15,7 @@ use candle_core::{DType, Tensor, D};
 use mistralrs_core::{
     hidden_capture::{self, CaptureRequest, CapturedStates},
     MistralRs, NormalRequest, Request, RequestMessage, Response, SamplingParams,
+    SpeculativeConfig, SpeculativePipeline,
 };
 use tokenizers::Tokenizer;
 use verdict::{
@@ -26,6 +27,7 @@ use verdict::{
 };
 
 use crate::{
+    decode_layers::DecodeLayerRecorder,
     feature_models::FeatureModels,
     miner::{Continuation, MiningEngine, TopTokens},
     pad_mine::RolloutEngine,
@@ -66,6 +68,8 @@ pub struct MistralEngines {
     target_max_seqs: usize,
     /// The draft slot runs the target ([`Self::target_only`]): there is no draft model.
     target_only: bool,
+    /// The target decodes through this recorder ([`Self::target_only_recording`]).
+    recorder: Option<Arc<DecodeLayerRecorder>>,
 }
 
 async fn engines_over(
@@ -93,12 +97,32 @@ impl MistralEngines {
         Self::over(models, models.target.clone(), true)
     }
 
+    /// [`Self::target_only`], the target decoding under a speculative pipeline whose
+    /// proposer, `recorder`, never drafts: its steps are plain decodes, and the recorder
+    /// keeps the layers they compute (see [`crate::decode_layers`]). Captures still run in
+    /// the draft slot, a plain engine over the target.
+    pub fn target_only_recording(models: &LoadedModels, recorder: Arc<DecodeLayerRecorder>) -> Result<Self> {
+        let decoding = SpeculativePipeline::with_proposer(models.target.clone(), recorder.clone(), SpeculativeConfig { gamma: 1, accept_rule: None })?;
+        let decoding: SharedPipeline = Arc::new(tokio::sync::Mutex::new(decoding));
+        Ok(Self::over_pipelines(models, (decoding, models.target.clone()), true, Some(recorder))?.settled())
+    }
+
+    /// The recorder the target decodes through, if it does ([`Self::target_only_recording`]).
+    pub fn recorder(&self) -> Option<&Arc<DecodeLayerRecorder>> {
+        self.recorder.as_ref()
+    }
+
     /// Whether these engines read the target alone (no draft model).
     pub fn is_target_only(&self) -> bool {
         self.target_only
     }
 
     fn over(models: &LoadedModels, draft: SharedPipeline, target_only: bool) -> Result<Self> {
+        Ok(Self::over_pipelines(models, (models.target.clone(), draft), target_only, None)?.settled())
+    }
+
+    /// Engines over `pipelines` (target slot, draft slot), not yet settled.
+    fn over_pipelines(models: &LoadedModels, pipelines: (SharedPipeline, SharedPipeline), target_only: bool, recorder: Option<Arc<DecodeLayerRecorder>>) -> Result<Self> {
         let (tokenizer, eos) = {
             let target = models.target.blocking_lock();
             let tokenizer = target
@@ -110,7 +134,6 @@ impl MistralEngines {
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let pipelines = (models.target.clone(), draft.clone());
         let (target, draft) = runtime.block_on(engines_over(&pipelines, 1));
         Ok(Self {
             runtime,
@@ -130,8 +153,8 @@ impl MistralEngines {
             prompts: HashMap::new(),
             target_max_seqs: 1,
             target_only,
-        }
-        .settled())
+            recorder,
+        })
     }
 
     /// Rebuild the target engine so it schedules up to `max_seqs` sequences per forward:
@@ -181,6 +204,10 @@ impl MistralEngines {
             .block_on(engines_over(&self.pipelines, self.target_max_seqs));
         self.target = target;
         self.draft = draft;
+        if let Some(recorder) = &self.recorder {
+            // The old engine's sequences are gone with it.
+            recorder.clear();
+        }
         self.settle_both();
     }
 
@@ -308,9 +335,16 @@ impl MistralEngines {
     /// mistral.rs answers a generation request and then still runs one more forward for it
     /// (seen as a stray one-position forward in capture windows). Two one-token passes in a
     /// row end only after the engine loop has gone round once more, past that forward.
+    /// A recording target's pipeline returns no raw logits: two one-token generations go
+    /// round its loop as well.
     fn settle(&self, model: Model, token: u32) -> Result<()> {
         for _ in 0..2 {
-            self.raw_forward(model, &[token])?;
+            if model == Model::Target && self.recorder.is_some() {
+                let sampling = SamplingConfig { max_tokens: 1, ..SamplingConfig::default() };
+                self.runtime.block_on(generate_with_top_tokens(&self.target, &Prompt::Tokens(vec![token]), &sampling, 1))?;
+            } else {
+                self.raw_forward(model, &[token])?;
+            }
         }
         Ok(())
     }

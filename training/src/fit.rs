@@ -1,6 +1,8 @@
 //! Fitting AutoJudge's logistic head: standardise, L2 logistic regression (linfa-logistic)
-//! over a log grid of C, model selection by validation ROC-AUC on a split by problem, and a
-//! threshold table from which τ is chosen for the wanted recall of important tokens.
+//! over a log grid of C, model selection by ROC-AUC on problems held out of training, and a
+//! threshold table on them from which τ is chosen for the wanted recall of important tokens.
+//! The AUC reported comes from a third set of problems that chose neither C nor τ: the best
+//! of a grid on the problems that picked it is biased upwards.
 
 use std::collections::BTreeSet;
 
@@ -25,7 +27,9 @@ pub struct Sample {
 pub struct FitOptions {
     /// Inverse regularisation strengths tried (sklearn's C; linfa's alpha = 1 / C).
     pub c_grid: Vec<f64>,
-    /// Share of problems held out for validation.
+    /// Share of problems held out of training to choose C and τ.
+    pub selection_share: f64,
+    /// Share of problems held out of both: the AUC and recall reported.
     pub validation_share: f64,
     pub seed: u64,
     pub max_iterations: u64,
@@ -38,6 +42,7 @@ impl Default for FitOptions {
         Self {
             // 10^-4 … 10^1 in half decades.
             c_grid: (-8..=2).map(|k| 10f64.powf(k as f64 / 2.0)).collect(),
+            selection_share: 0.1,
             validation_share: 0.1,
             seed: 52,
             max_iterations: 500,
@@ -50,29 +55,37 @@ impl Default for FitOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct ThresholdRow {
     pub tau: f64,
-    /// Important validation mismatches refused (P ≥ τ) / all important ones.
+    /// Important held-out mismatches refused (P ≥ τ) / all important ones.
     pub recall: f64,
     /// Important among those refused.
     pub precision: f64,
-    /// Validation mismatches accepted (P < τ).
+    /// Held-out mismatches accepted (P < τ).
     pub accepted_share: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct FitReport {
     pub train_samples: usize,
+    pub selection_samples: usize,
     pub validation_samples: usize,
     pub train_problems: usize,
+    pub selection_problems: usize,
     pub validation_problems: usize,
     pub important_share: f64,
-    /// (C, validation AUC) for every C tried.
+    /// (C, AUC on the selection problems) for every C tried.
     pub grid: Vec<(f64, f64)>,
     pub best_c: f64,
+    /// The chosen C's AUC on the problems that chose it (optimistic).
+    pub selection_auc: f64,
+    /// The chosen model's AUC on the validation problems, which chose nothing.
     pub validation_auc: f64,
     pub train_auc: f64,
+    /// The threshold table on the selection problems, from which τ is chosen.
     pub thresholds: Vec<ThresholdRow>,
     pub chosen_tau: f64,
     pub min_recall: f64,
+    /// What the chosen τ does on the validation problems.
+    pub validation_at_tau: ThresholdRow,
     /// Per label set, in order.
     pub per_source: Vec<SourceFit>,
 }
@@ -149,6 +162,36 @@ pub fn split_by_problem(
     (train, val)
 }
 
+/// [`split_by_problem`] into three: training, selection (choosing C and τ) and validation
+/// (the figures reported). Validation holds the problems [`split_by_problem`] holds out;
+/// selection takes its share of each label set's problems from the rest, at least one while
+/// training keeps one.
+pub fn split_for_selection(
+    samples: &[Sample],
+    selection_share: f64,
+    validation_share: f64,
+    seed: u64,
+) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let (rest, validation) = split_by_problem(samples, validation_share, seed);
+    let mut selection: BTreeSet<(usize, usize)> = BTreeSet::new();
+    for source in rest.iter().map(|&i| samples[i].source).collect::<BTreeSet<_>>() {
+        let mut problems: Vec<usize> = rest
+            .iter()
+            .map(|&i| &samples[i])
+            .filter(|s| s.source == source)
+            .map(|s| s.problem_id)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // Another stream than the validation draw's.
+        problems.shuffle(&mut StdRng::seed_from_u64(seed.wrapping_add(1 << 32).wrapping_add(source as u64)));
+        let n_sel = ((problems.len() as f64 * selection_share).round() as usize).clamp(1, problems.len().saturating_sub(1));
+        selection.extend(problems[..n_sel].iter().map(|&p| (source, p)));
+    }
+    let (train, select): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| !selection.contains(&(samples[i].source, samples[i].problem_id)));
+    (train, select, validation)
+}
+
 fn matrix(samples: &[Sample], rows: &[usize]) -> Array2<f64> {
     let d = samples[rows[0]].features.len();
     Array2::from_shape_fn((rows.len(), d), |(i, j)| {
@@ -180,7 +223,7 @@ pub fn roc_auc(scores: &[f64], labels: &[bool]) -> f64 {
     (rank_sum - positives * (positives + 1.0) / 2.0) / (positives * negatives)
 }
 
-/// The threshold table over the quantiles of the validation probabilities.
+/// The threshold table over the quantiles of held-out probabilities.
 pub fn threshold_table(probabilities: &[f64], labels: &[bool]) -> Vec<ThresholdRow> {
     let mut sorted = probabilities.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -189,24 +232,21 @@ pub fn threshold_table(probabilities: &[f64], labels: &[bool]) -> Vec<ThresholdR
         .collect();
     taus.push(1.0 + f64::EPSILON);
     taus.dedup();
+    taus.into_iter().map(|tau| threshold_row(probabilities, labels, tau)).collect()
+}
+
+/// The effect of accepting a mismatch iff P < `tau` on these probabilities and labels.
+pub fn threshold_row(probabilities: &[f64], labels: &[bool], tau: f64) -> ThresholdRow {
     let important = labels.iter().filter(|&&l| l).count().max(1) as f64;
-    taus.into_iter()
-        .map(|tau| {
-            let refused: Vec<bool> = probabilities.iter().map(|&p| p >= tau).collect();
-            let caught = refused.iter().zip(labels).filter(|(&r, &l)| r && l).count() as f64;
-            let n_refused = refused.iter().filter(|&&r| r).count() as f64;
-            ThresholdRow {
-                tau,
-                recall: caught / important,
-                precision: if n_refused > 0.0 {
-                    caught / n_refused
-                } else {
-                    1.0
-                },
-                accepted_share: 1.0 - n_refused / probabilities.len() as f64,
-            }
-        })
-        .collect()
+    let refused: Vec<bool> = probabilities.iter().map(|&p| p >= tau).collect();
+    let caught = refused.iter().zip(labels).filter(|(&r, &l)| r && l).count() as f64;
+    let n_refused = refused.iter().filter(|&&r| r).count() as f64;
+    ThresholdRow {
+        tau,
+        recall: caught / important,
+        precision: if n_refused > 0.0 { caught / n_refused } else { 1.0 },
+        accepted_share: 1.0 - n_refused / probabilities.len().max(1) as f64,
+    }
 }
 
 /// Fit the head on `samples` (all with the same feature length).
@@ -221,17 +261,20 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
         samples.iter().all(|s| s.features.len() == d),
         "samples have different feature lengths"
     );
-    let (train, val) = split_by_problem(samples, options.validation_share, options.seed);
+    let (train, sel, val) = split_for_selection(samples, options.selection_share, options.validation_share, options.seed);
     ensure!(
-        !train.is_empty() && !val.is_empty(),
-        "need problems on both sides of the split"
+        !train.is_empty() && !sel.is_empty() && !val.is_empty(),
+        "need at least three problems: one each to train, choose C and τ, and validate ({} train, {} selection, {} validation mismatches)",
+        train.len(),
+        sel.len(),
+        val.len()
     );
     let labels = |rows: &[usize]| {
         rows.iter()
             .map(|&i| samples[i].important)
             .collect::<Vec<_>>()
     };
-    let (y_train, y_val) = (labels(&train), labels(&val));
+    let (y_train, y_sel, y_val) = (labels(&train), labels(&sel), labels(&val));
     ensure!(
         y_train.iter().any(|&l| l) && y_train.iter().any(|&l| !l),
         "the training split needs both important and unimportant mismatches"
@@ -243,7 +286,7 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
         .std_axis(Axis(0), 0.0)
         .mapv(|s| if s > 1e-12 { s } else { 1.0 });
     let standardise = |x: &Array2<f64>| (x - &mean) / &scale;
-    let (z_train, z_val) = (standardise(&x_train), standardise(&matrix(samples, &val)));
+    let (z_train, z_sel, z_val) = (standardise(&x_train), standardise(&matrix(samples, &sel)), standardise(&matrix(samples, &val)));
     let targets = Array1::from(y_train.clone());
     let dataset = Dataset::new(z_train.clone(), targets);
 
@@ -259,24 +302,27 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
         // P(important).
         let sign = if model.labels().pos.class { 1.0 } else { -1.0 };
         let (w, b) = (model.params() * sign, model.intercept() * sign);
-        let p_val = z_val.dot(&w).mapv(|v| 1.0 / (1.0 + (-(v + b)).exp()));
-        let auc = roc_auc(p_val.as_slice().unwrap(), &y_val);
-        tracing::info!("C = {c:.0e}: validation AUC {auc:.4}");
+        let p_sel = z_sel.dot(&w).mapv(|v| 1.0 / (1.0 + (-(v + b)).exp()));
+        let auc = roc_auc(p_sel.as_slice().unwrap(), &y_sel);
+        tracing::info!("C = {c:.0e}: selection AUC {auc:.4}");
         grid.push((c, auc));
         if best.as_ref().is_none_or(|best| auc > best.1) {
             best = Some((c, auc, w, b));
         }
     }
-    let (best_c, validation_auc, w, b) = best.context("empty C grid")?;
+    let (best_c, selection_auc, w, b) = best.context("empty C grid")?;
     let probability = |z: &Array2<f64>| z.dot(&w).mapv(|v| 1.0 / (1.0 + (-(v + b)).exp()));
-    let p_val = probability(&z_val);
+    let (p_sel, p_val) = (probability(&z_sel), probability(&z_val));
     let p_train = probability(&z_train);
-    let thresholds = threshold_table(p_val.as_slice().unwrap(), &y_val);
+    let thresholds = threshold_table(p_sel.as_slice().unwrap(), &y_sel);
     let chosen_tau = thresholds
         .iter()
         .filter(|r| r.recall >= options.min_recall)
         .map(|r| r.tau)
         .fold(0.0, f64::max);
+    let validation_auc = roc_auc(p_val.as_slice().unwrap(), &y_val);
+    let validation_at_tau = threshold_row(p_val.as_slice().unwrap(), &y_val, chosen_tau);
+    tracing::info!("C = {best_c:.0e} chosen (selection AUC {selection_auc:.4}); validation AUC {validation_auc:.4}");
     let (weight, bias) = verdict_heads::LogisticHead::fold_standardisation(
         w.as_slice().unwrap(),
         b,
@@ -320,18 +366,22 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
         standardised_bias: b,
         report: FitReport {
             train_samples: train.len(),
+            selection_samples: sel.len(),
             validation_samples: val.len(),
             train_problems: count_problems(&train),
+            selection_problems: count_problems(&sel),
             validation_problems: count_problems(&val),
             important_share: samples.iter().filter(|s| s.important).count() as f64
                 / samples.len() as f64,
             grid,
             best_c,
+            selection_auc,
             validation_auc,
             train_auc: roc_auc(p_train.as_slice().unwrap(), &y_train),
             thresholds,
             chosen_tau,
             min_recall: options.min_recall,
+            validation_at_tau,
             per_source,
         },
     })

@@ -8,6 +8,7 @@
 //! grid, threshold table) → a `verdict_heads::LogisticHead` file.
 
 pub mod autojudge_head;
+pub mod decode_layers;
 pub mod eagle_adamw;
 pub mod eagle_capture;
 pub mod eagle_fit;

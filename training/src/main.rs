@@ -332,12 +332,18 @@ struct HeadArgs {
     /// `draft+target` (the paper's main setup) or `target` (target hidden state only).
     #[arg(long, default_value = "draft+target", value_parser = parse_spec)]
     spec: FeatureSpec,
-    /// Wanted validation recall of important tokens; τ is the largest threshold reaching it.
+    /// Wanted recall of important tokens on the selection problems; τ is the largest
+    /// threshold reaching it.
     #[arg(long, default_value_t = 0.9)]
     min_recall: f64,
-    /// Share of problems held out for validation (model selection, threshold table).
-    #[arg(long, default_value_t = 0.1)]
-    validation_share: f64,
+    /// Share of problems held out of training to choose C and τ (PAD: the epoch) [default:
+    /// 0.1, PAD 0.2].
+    #[arg(long, value_parser = parse_share)]
+    selection_share: Option<f64>,
+    /// Share of problems held out of training and of those choices: the AUC reported
+    /// [default: 0.1, PAD 0.2].
+    #[arg(long, value_parser = parse_share)]
+    validation_share: Option<f64>,
     /// The head file; reports go beside it (.report.json, .report.md) [default:
     /// heads/gsm8k_head.safetensors for `--spec target` (a judge of EAGLE drafts, the name
     /// deployments use), heads/gsm8k_draft_model_head.safetensors for `draft+target`].
@@ -684,15 +690,47 @@ fn run_features(
 }
 
 fn run_fit(labels: &LabelArgs, features: &FeatureDirArgs, head: &HeadArgs, more: &[LabelSet]) -> Result<()> {
+    let defaults = FitOptions::default();
     let options = FitOptions {
         min_recall: head.min_recall,
-        validation_share: head.validation_share,
-        ..FitOptions::default()
+        selection_share: head.selection_share.unwrap_or(defaults.selection_share),
+        validation_share: head.validation_share.unwrap_or(defaults.validation_share),
+        ..defaults
     };
+    check_shares(options.selection_share, options.validation_share)?;
     let mut sets = vec![LabelSet { labels: labels.labels.clone(), features: features.features.clone() }];
     sets.extend_from_slice(more);
     fit_autojudge_head(&sets, head.spec, &options, &head.out())?;
     Ok(())
+}
+
+/// PAD's fit options, with the shares asked for.
+fn pad_options(head: &HeadArgs) -> Result<PadFitOptions> {
+    let defaults = PadFitOptions::default();
+    let options = PadFitOptions {
+        selection_share: head.selection_share.unwrap_or(defaults.selection_share),
+        validation_share: head.validation_share.unwrap_or(defaults.validation_share),
+        ..defaults
+    };
+    check_shares(options.selection_share, options.validation_share)?;
+    Ok(options)
+}
+
+/// Training keeps some problems only if the two held-out shares leave it some.
+fn check_shares(selection: f64, validation: f64) -> Result<()> {
+    anyhow::ensure!(
+        selection + validation < 1.0,
+        "--selection-share {selection} and --validation-share {validation} leave no problems to train on (they must sum to less than 1)"
+    );
+    Ok(())
+}
+
+/// A share of problems: a number in (0, 1).
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if share > 0.0 && share < 1.0 => Ok(share),
+        _ => Err(format!("{text:?} is not a share of problems: give a number between 0 and 1, such as 0.1")),
+    }
 }
 
 /// `LABELS,FEATURES`: a label file and its features' folder.
@@ -746,7 +784,7 @@ fn main() -> Result<()> {
             &args.pad.pad_features,
             &FeatureModels::load(&args.pad.pad_features)?,
             args.sigma,
-            &PadFitOptions::default(),
+            &pad_options(&args.head)?,
             &args.pad_out,
         ),
         Some(Command::Fit(args)) => run_fit(&args.labels, &args.features, &args.head, &args.and),
@@ -819,5 +857,21 @@ mod tests {
                 assert!(ids.insert(arg.get_id().clone()), "`{}` defines {} twice", command.get_name(), arg.get_id());
             }
         }
+    }
+
+    /// `fit`'s held-out shares: a bad one is named, and shares that leave nothing to train
+    /// on are refused; PAD takes the flags too (it once ignored them).
+    #[test]
+    fn held_out_shares_are_checked_and_reach_pad() {
+        use clap::Parser;
+        let Err(err) = super::Cli::try_parse_from(["train-head", "fit", "--selection-share", "1.5"]) else { panic!("a share of 1.5 was taken") };
+        let err = err.to_string();
+        assert!(err.contains("\"1.5\" is not a share of problems"), "{err}");
+        let err = format!("{:#}", super::check_shares(0.6, 0.4).unwrap_err());
+        assert!(err.contains("--selection-share 0.6 and --validation-share 0.4 leave no problems"), "{err}");
+        let cli = super::Cli::try_parse_from(["train-head", "fit", "--kind", "pad", "--validation-share", "0.3"]).unwrap();
+        let Some(super::Command::Fit(args)) = cli.command else { panic!("not a fit") };
+        let options = super::pad_options(&args.head).unwrap();
+        assert_eq!((options.selection_share, options.validation_share), (0.2, 0.3));
     }
 }

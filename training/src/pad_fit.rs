@@ -8,7 +8,7 @@ use candle_nn::{Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use serde::Serialize;
 use verdict_heads::{ModelFingerprint, PivotMlp};
 
-use crate::fit::{roc_auc, split_by_problem};
+use crate::fit::{roc_auc, split_for_selection};
 
 /// One candidate token: target hidden state at layer L − 8, [entropy, p], pivot label.
 #[derive(Clone, Debug)]
@@ -25,6 +25,9 @@ pub struct PadFitOptions {
     pub epochs: usize,
     pub learning_rate: f64,
     pub weight_decay: f64,
+    /// Share of problems held out of training to choose the epoch (early stopping).
+    pub selection_share: f64,
+    /// Share of problems held out of both: the AUC and σ table reported.
     pub validation_share: f64,
     pub seed: u64,
 }
@@ -35,6 +38,7 @@ impl Default for PadFitOptions {
             epochs: 2000,
             learning_rate: 1e-3,
             weight_decay: 0.01,
+            selection_share: 0.2,
             validation_share: 0.2,
             seed: 42,
         }
@@ -44,10 +48,13 @@ impl Default for PadFitOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct PadFitReport {
     pub train_samples: usize,
+    pub selection_samples: usize,
     pub validation_samples: usize,
     pub pivot_share: f64,
+    /// The epoch whose loss on the selection problems was least, and that loss.
     pub best_epoch: usize,
-    pub best_validation_loss: f64,
+    pub best_selection_loss: f64,
+    /// On the validation problems, which chose nothing.
     pub validation_auc: f64,
     /// What each σ would do on the validation candidates, to choose σ for a bench.
     pub sigma_table: Vec<SigmaRow>,
@@ -154,7 +161,8 @@ pub fn fit_pivot_mlp(
             important: s.pivot,
         })
         .collect();
-    let (train, val) = split_by_problem(&as_fit, options.validation_share, options.seed);
+    let (train, sel, val) = split_for_selection(&as_fit, options.selection_share, options.validation_share, options.seed);
+    ensure!(!sel.is_empty() && !val.is_empty(), "need at least three problems: one each to train, stop early and validate");
     let n = train.len() as f32;
     let train_pivots = train.iter().filter(|&&i| samples[i].pivot).count() as f32;
     ensure!(
@@ -162,8 +170,9 @@ pub fn fit_pivot_mlp(
         "the training split needs both classes"
     );
     let class_weight = [n / (2.0 * (n - train_pivots)), n / (2.0 * train_pivots)];
-    let (train_batch, val_batch) = (
+    let (train_batch, sel_batch, val_batch) = (
         batch(samples, &train, class_weight)?,
+        batch(samples, &sel, class_weight)?,
         batch(samples, &val, class_weight)?,
     );
 
@@ -186,12 +195,12 @@ pub fn fit_pivot_mlp(
         )?;
         optimizer.backward_step(&loss)?;
         if epoch % 10 == 0 || epoch == options.epochs {
-            let val_loss = weighted_cross_entropy(
-                &mlp.logits(&val_batch.hidden, &val_batch.small)?,
-                &val_batch,
+            let sel_loss = weighted_cross_entropy(
+                &mlp.logits(&sel_batch.hidden, &sel_batch.small)?,
+                &sel_batch,
             )?
             .to_scalar::<f32>()? as f64;
-            if best.as_ref().is_none_or(|b| val_loss < b.1) {
+            if best.as_ref().is_none_or(|b| sel_loss < b.1) {
                 let snapshot = varmap
                     .data()
                     .lock()
@@ -199,11 +208,11 @@ pub fn fit_pivot_mlp(
                     .iter()
                     .map(|(k, v)| Ok((k.clone(), v.as_tensor().copy()?)))
                     .collect::<Result<Vec<_>>>()?;
-                best = Some((epoch, val_loss, snapshot));
+                best = Some((epoch, sel_loss, snapshot));
             }
         }
     }
-    let (best_epoch, best_validation_loss, snapshot) = best.expect("at least one evaluation");
+    let (best_epoch, best_selection_loss, snapshot) = best.expect("at least one evaluation");
     let tensors: std::collections::HashMap<String, Tensor> = snapshot.into_iter().collect();
     let load = |report: serde_json::Value| {
         let vb = VarBuilder::from_tensors(tensors.clone(), DType::F32, &Device::Cpu);
@@ -218,10 +227,11 @@ pub fn fit_pivot_mlp(
     let scores: Vec<f64> = probs.iter().map(|&p| p as f64).collect();
     let report = PadFitReport {
         train_samples: train.len(),
+        selection_samples: sel.len(),
         validation_samples: val.len(),
         pivot_share: pivots as f64 / samples.len() as f64,
         best_epoch,
-        best_validation_loss,
+        best_selection_loss,
         validation_auc: roc_auc(&scores, &val_batch.pivots),
         sigma_table: sigma_table(&scores, &val_batch.pivots),
     };

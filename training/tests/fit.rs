@@ -3,7 +3,9 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use verdict_heads::{FeatureSpec, LogisticHead, ModelFingerprint};
-use verdict_training::fit::{fit_logistic, FitOptions, Sample};
+use std::collections::BTreeSet;
+
+use verdict_training::fit::{fit_logistic, split_for_selection, FitOptions, Sample};
 
 fn planted(n: usize, seed: u64) -> Vec<Sample> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -95,4 +97,31 @@ fn each_label_set_reports_its_own_validation_auc() {
     assert!(per_source[0].validation_auc > 0.9, "{per_source:?}");
     assert!((per_source[1].validation_auc - 0.5).abs() < 0.15, "{per_source:?}");
     assert!(per_source.iter().all(|s| s.validation_samples > 0), "each set holds out problems: {per_source:?}");
+}
+
+/// The AUC reported comes from problems that chose neither C nor τ. Here the features
+/// predict the labels on the training and selection problems and are noise on the
+/// validation ones: the selection AUC is high, the reported one near chance. Reporting the
+/// AUC of the problems that chose C (the best of the grid) would say 0.99.
+#[test]
+fn the_reported_auc_comes_from_problems_that_chose_nothing() {
+    let samples = planted(2000, 7);
+    let options = FitOptions { c_grid: vec![0.01, 1.0], ..Default::default() };
+    let (train, selection, validation) = split_for_selection(&samples, options.selection_share, options.validation_share, options.seed);
+    let problems = |rows: &[usize]| rows.iter().map(|&i| samples[i].problem_id).collect::<BTreeSet<_>>();
+    let (p_train, p_sel, p_val) = (problems(&train), problems(&selection), problems(&validation));
+    assert_eq!((p_train.len(), p_sel.len(), p_val.len()), (405, 45, 50));
+    assert!(p_train.is_disjoint(&p_sel) && p_train.is_disjoint(&p_val) && p_sel.is_disjoint(&p_val));
+    assert_eq!(train.len() + selection.len() + validation.len(), samples.len());
+
+    let mut rng = StdRng::seed_from_u64(8);
+    let samples: Vec<Sample> = samples
+        .into_iter()
+        .map(|s| if p_val.contains(&s.problem_id) { Sample { important: rng.random_bool(0.5), ..s } } else { s })
+        .collect();
+    let report = fit_logistic(&samples, &options).unwrap().report;
+    assert_eq!((report.selection_problems, report.validation_problems), (45, 50));
+    assert!(report.selection_auc > 0.98, "selection AUC {}", report.selection_auc);
+    assert!((report.validation_auc - 0.5).abs() < 0.1, "validation AUC {} on noise", report.validation_auc);
+    assert_eq!(report.validation_at_tau.tau, report.chosen_tau);
 }
