@@ -42,6 +42,12 @@ struct Live {
     rows: usize,
 }
 
+impl Live {
+    fn starting_at(start: usize) -> Self {
+        Self { tokens: Vec::new(), start, steps: Vec::new(), rows: 0 }
+    }
+}
+
 /// A proposer that drafts nothing and records the target layers `layers` of every sequence.
 pub struct DecodeLayerRecorder {
     layers: Vec<usize>,
@@ -79,13 +85,13 @@ impl Proposer for DecodeLayerRecorder {
         let step = Tensor::cat(&features.layers.iter().map(|(_, t)| t.to_dtype(DType::F16)).collect::<Result<Vec<_>>>()?, D::Minus1)?;
         let rows = step.dim(0)?;
         let mut live = self.live.lock().unwrap();
-        let sequence = live.entry(features.seq_id).or_insert_with(|| Live { tokens: Vec::new(), start: features.start, steps: Vec::new(), rows: 0 });
+        let sequence = live.entry(features.seq_id).or_insert_with(|| Live::starting_at(features.start));
         let end = sequence.start + sequence.rows;
         if features.start != end {
             // Decoding without drafts commits every row it computes, so the rows follow on;
             // anything else (rows replaced, a gap) starts the recording over from here.
             tracing::debug!("sequence {}: rows from {} after {end} recorded; recording restarts", features.seq_id, features.start);
-            *sequence = Live { tokens: Vec::new(), start: features.start, steps: Vec::new(), rows: 0 };
+            *sequence = Live::starting_at(features.start);
         }
         sequence.steps.push(step);
         sequence.rows += rows;

@@ -145,8 +145,8 @@ impl EagleMiningEngine {
         let before = recording.start.min(n);
         let earlier = match before {
             0 => None,
-            _ => match self.captured.iter().find(|(earlier, _)| earlier.len() >= before && earlier[..before] == tokens[..before]) {
-                Some((_, earlier)) => Some(earlier.narrow(0, 0, before)?),
+            _ => match self.earlier_rows(tokens, before)? {
+                Some(earlier) => Some(earlier),
                 None => return Ok(None),
             },
         };
@@ -159,6 +159,15 @@ impl EagleMiningEngine {
         }))
     }
 
+    /// The layers at positions `0..rows` of `tokens` from an earlier capture that shares
+    /// them, if one does.
+    fn earlier_rows(&self, tokens: &[u32], rows: usize) -> Result<Option<Tensor>> {
+        match self.captured.iter().find(|(earlier, _)| earlier.len() >= rows && earlier[..rows] == tokens[..rows]) {
+            Some((_, earlier)) => Ok(Some(earlier.narrow(0, 0, rows)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The layers at every position of `tokens` from a teacher-forced capture: computed past
     /// what the capture engine's prefix cache holds, taken before that from an earlier
     /// capture of this problem.
@@ -167,10 +176,10 @@ impl EagleMiningEngine {
         let (forward, fresh) = eagle_capture::capture_layers_after_cache(&self.engines, Model::Draft, tokens, &self.layers)?;
         Ok(match forward.first {
             0 => fresh,
-            first => match self.captured.iter().find(|(earlier, _)| earlier.len() >= first && earlier[..first] == tokens[..first]) {
-                Some((_, earlier)) => {
+            first => match self.earlier_rows(tokens, first)? {
+                Some(earlier) => {
                     self.reused_rows += first;
-                    Tensor::cat(&[&earlier.narrow(0, 0, first)?, &fresh], 0)?
+                    Tensor::cat(&[&earlier, &fresh], 0)?
                 }
                 // The cache held a sequence this engine did not record: capture it whole.
                 None => eagle_capture::capture_layers(&mut self.engines, Model::Draft, tokens, &self.layers)?.1,
@@ -219,12 +228,9 @@ impl MiningEngine for EagleMiningEngine {
         );
         // The search goes on from this response alone: the problem's earlier layers are
         // no longer needed (a capture whose prefix they held recomputes it).
-        if let Some(latest) = self.captured.len().checked_sub(1) {
-            let mut index = 0;
-            self.captured.retain(|(tokens, _)| {
-                index += 1;
-                index - 1 == latest || !tokens.starts_with(&prompt_tokens)
-            });
+        if let Some(latest) = self.captured.pop() {
+            self.captured.retain(|(tokens, _)| !tokens.starts_with(&prompt_tokens));
+            self.captured.push(latest);
         }
         Ok(predictions)
     }
