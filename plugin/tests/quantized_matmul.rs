@@ -3,7 +3,8 @@
 //! odd shapes and on blocks holding extreme values: bit for bit, except for the panel kernels
 //! (m > 1: Q4K and Q6K on CPUs with AVX2, with AVX-512 VNNI or not), whose exact integer block
 //! sums are added up in another f32 order, so they agree to within 1e-5 of the magnitude sum
-//! Σ|w·x|. Every instruction set of the kernels that the CPU runs is checked in turn.
+//! Σ|w·x|. Every instruction set of the kernels that the CPU runs is checked in turn, and on a
+//! CPU that runs both, the two sets are checked against each other bit for bit.
 
 use std::sync::Mutex;
 
@@ -280,6 +281,49 @@ fn row_invariance_on(isa: &str) {
             );
         }
     }
+}
+
+/// On a CPU that runs both instruction sets, the AVX2 and AVX-512 VNNI panel kernels give every
+/// output the same bits for every row count (their integer sums are exact and their f32
+/// operations the same, block after block), so which set runs never changes a decode. On a CPU
+/// with one set there is nothing to compare, and the test says so.
+#[test]
+fn both_instruction_sets_give_the_same_bits() {
+    let _turn = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let isas = KernelIsa::available();
+    if isas.len() < 2 {
+        eprintln!("only {isas:?} runs on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = XorShift(8);
+    let dev = Device::Cpu;
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        for (k, n) in shapes(dtype) {
+            let w = weights(&mut rng, dtype, n, k);
+            let xs = values(&mut rng, 17, k);
+            for m in [1, 2, 5, 8, 17] {
+                let x = Tensor::from_slice(&xs[..m * k], (1, m, k), &dev).unwrap();
+                let bits: Vec<Vec<u32>> = isas
+                    .iter()
+                    .map(|&isa| {
+                        set_kernel_isa(isa).unwrap();
+                        forward_bits(QuantKernel::RowInvariant, &w, &x)
+                    })
+                    .collect();
+                if let Some(i) = (0..bits[0].len()).find(|&i| bits.iter().any(|b| b[i] != bits[0][i])) {
+                    panic!(
+                        "{dtype:?} k={k} n={n} m={m}: row {} col {}: {:?} give {:?}",
+                        i / n,
+                        i % n,
+                        isas.iter().map(|isa| isa.name()).collect::<Vec<_>>(),
+                        bits.iter().map(|b| f32::from_bits(b[i])).collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
+    set_kernel_isa(*isas.last().unwrap()).unwrap();
+    QuantKernel::WeightStationary.select();
 }
 
 /// An instruction set the CPU cannot run is refused by name, and the one in use stays.
