@@ -7,7 +7,7 @@
 #     and outside the general head's training mixture (0-599);
 #   - MBPP's last 50 tasks after the evaluated ones (train split 250-299, N_MBPP): none mined.
 # Every run drafts with prompt lookup and the general head (the lossless configuration of
-# issue "Fast on what users send"). PASS=free (default) compares FLy (windows 2 and 3, and
+# issue "Fast on what users send"; also drafting up to 8 under SV, lossless). PASS=free (default) compares FLy (windows 2 and 3, and
 # drafting up to 8 with and without SV; DropMatch and FSD were measured before and are left
 # to the acceptance runs); PASS=autojudge adds the
 # judge of EAGLE drafts once heads/gsm8k_head.safetensors exists. Run it alone on the cores; `touch .verdict-work/hold-bench` lends them out
@@ -23,7 +23,7 @@ pass="${PASS:-free}"
 head=ngram+eagle@general
 case "$pass" in
   free)
-    modes="plain,$head:exact,$head:fly,$head-g8:fly,$head-sv-g8:fly,$head:fly-w3"
+    modes="plain,$head:exact,$head-sv-g8:exact,$head:fly,$head-g8:fly,$head-sv-g8:fly,$head:fly-w3"
     ;;
   autojudge)
     [ -f heads/gsm8k_head.safetensors ] || { echo "no heads/gsm8k_head.safetensors: fit the judge of EAGLE drafts first (scripts/long-jobs.sh)" >&2; exit 1; }

@@ -7,11 +7,12 @@
 #   2. issue 50's acceptance runs (scripts/acceptance.sh: resumable reports), then its
 #      temperature-0.7 runs again with SV choosing how many drafts to verify;
 #   3. labels for a judge of EAGLE drafts (issue 53), mined with the general head's first
-#      drafts: GSM8K train problems the head never trained on (from 1000; its mixture took
-#      0-599), MBPP's tasks after the evaluated ones (pass/fail on their asserts; the head
-#      saw them all, and the last 50 are left to choose a stack on), then MATH problems
-#      outside MATH-500 and outside the head's mixture (its 600 MATH prompts come first in
-#      a mixture of MATH alone, so mining starts at 600 there);
+#      drafts: MBPP's tasks after the evaluated ones first (pass/fail on their asserts; short
+#      answers make it the cheapest set; the head saw them all, and the last 50 are left to
+#      choose a stack on), then GSM8K train problems the head never trained on (from 1000;
+#      its mixture took 0-599), then MATH problems outside MATH-500 and outside the head's
+#      mixture (its 600 MATH prompts come first in a mixture of MATH alone, so mining starts
+#      at 600 there);
 #   4. their target-only features and one judge head over the three label sets
 #      (heads/gsm8k_head.safetensors);
 #   5. PAD's rollout labels (500 of the draft model's GSM8K train mismatches, the paper's
@@ -59,13 +60,16 @@ if [ ! -f heads/general-eagle3/config.json ]; then
     --generate-batch 8 --work "$work/eagle" --out heads/general-eagle3 --draft-vocab 8192
 fi
 
-if [ ! -f .verdict-work/long-jobs/acceptance.done ]; then
+# Issue 50's reports are committed; a clone that has them all skips stage 2 (its markers live in
+# .verdict-work, which a new machine does not have).
+have_reports() { for t in gsm8k humaneval mbpp math500; do [ -f "bench-results/$1-$t.json" ] || return 1; done; }
+if [ ! -f .verdict-work/long-jobs/acceptance.done ] && ! have_reports suite-t0; then
   say "2/7 issue 50's acceptance runs"
   CARGO_TARGET_DIR=.verdict-work/long-jobs bash scripts/acceptance.sh
   touch .verdict-work/long-jobs/acceptance.done
 fi
 
-if [ ! -f .verdict-work/long-jobs/acceptance-sv.done ]; then
+if [ ! -f .verdict-work/long-jobs/acceptance-sv.done ] && ! have_reports suite-t07-sv; then
   # Chosen on MBPP's training split (bench-results/t07-drafting-mbpp-train.json): SV at 0.7.
   say "2/7 issue 50's temperature-0.7 runs with SV choosing how many drafts to verify"
   STAGE=t07 BEST=lookup+head-sampled-sv OUT07=bench-results/suite-t07-sv.json \
@@ -90,8 +94,8 @@ mine_in_slices() {
       --problems $((first + count - from < slice ? first + count - from : slice)) "$@"
   done
 }
-mine_in_slices 1000 "${MINE_GSM8K:-300}" --data-dir "$gsm8k_dir" --labels heads/eagle_labels_gsm8k.jsonl
 mine_in_slices 0 "${MINE_MBPP:-250}" --task mbpp --labels heads/eagle_labels_mbpp.jsonl
+mine_in_slices 1000 "${MINE_GSM8K:-300}" --data-dir "$gsm8k_dir" --labels heads/eagle_labels_gsm8k.jsonl
 mine_in_slices 600 "${MINE_MATH:-100}" --prompts "$math_prompts" --source math \
   --max-response-tokens 512 --important-below 0.01 --labels heads/eagle_labels_math.jsonl
 
