@@ -9,7 +9,10 @@
 #   3. temperature 0.7, top-p 0.95, 2 seeds, problems 0-49: plain sampling, the lossless
 #      configuration under `rejection` and the recommended stack's sampled form;
 #   4. the figures, and the reports pooled over the tasks (`verdict pool-reports`).
-# RECOMMENDED and RECOMMENDED_SAMPLED name the recommended stack's modes at temperature 0 and
+# LOSSLESS names the lossless configuration the stacks are measured against, listed first so
+# that the pooled tables' "vs" columns use it (default lookup+head, γ 4; where SV drafting up
+# to 8 is faster, as on the Xeon of session 43, ngram+eagle@general-sv-g8:exact); stage 1
+# runs both. RECOMMENDED and RECOMMENDED_SAMPLED name the recommended stack's modes at temperature 0 and
 # 0.7 (chosen on training-side problems by scripts/judges-tuning.sh; configs/recommended.toml
 # says why). STAGE=1, 2 or 3 runs one stage. Run it alone on the cores;
 # `touch .verdict-work/hold-bench` lends them out between problems (HOLD names another file).
@@ -24,12 +27,14 @@ hold="${HOLD:-.verdict-work/hold-bench}"
 stage="${STAGE:-all}"
 head=ngram+eagle@general
 stacks="$head:autojudge,$head:fly,$head:dropmatch,$head:fsd-rescue"
+lossless="${LOSSLESS:-lookup+head}"
+others=$(for m in lookup+head "$head-sv-g8:exact"; do [ "$m" = "$lossless" ] || printf ',%s' "$m"; done)
 bench() { "$verdict" bench --config configs/tasks.toml --max-tokens 512 --hold-while "$hold" "$@"; }
 if [ "$stage" = all ] || [ "$stage" = 1 ]; then
-  bench --suite 50 --modes "plain,lookup+head,$RECOMMENDED,$stacks" --out bench-results/judges-t0.json
+  bench --suite 50 --modes "plain,$lossless,$RECOMMENDED$others,$stacks" --out bench-results/judges-t0.json
 fi
 if [ "$stage" = all ] || [ "$stage" = 2 ]; then
-  bench --suite 50 --offset 50 --modes "plain,lookup+head,$RECOMMENDED" --out bench-results/judges-t0-50.json
+  bench --suite 50 --offset 50 --modes "plain,$lossless,$RECOMMENDED" --out bench-results/judges-t0-50.json
 fi
 if [ "$stage" = all ] || [ "$stage" = 3 ]; then
   bench --suite 50 --temperature 0.7 --top-p 0.95 --seeds 2 \
