@@ -141,6 +141,10 @@ pub struct ModeSummary {
     /// Drafting time per drafted token (draft model forwards or head steps).
     pub draft_ms_per_token: Option<f64>,
     pub speed_vs_plain: Option<f64>,
+    /// Plain decoding's wall clock over this mode's on the problems both ran: how much sooner
+    /// the answers come. A lossy mode writes other texts, of other lengths, so tokens/s alone
+    /// can flatter it (a longer answer of easy tokens) or wrong it.
+    pub time_vs_plain: Option<f64>,
     /// Runs whose text equals the plain target's on the same problem.
     pub identical_to_plain: Option<usize>,
     /// Time in the accept rule as a share of target verify time.
@@ -848,6 +852,13 @@ pub fn summarise(runs: &[Run], modes: &[Mode], answers: &dyn Answers) -> Vec<Mod
                     .filter(|c| c.draft_tokens > 0)
                     .map(|c| 1000.0 * c.draft_seconds / c.draft_tokens as f64),
                 speed_vs_plain: plain_tps.filter(|p| *p > 0.0).map(|p| tps / p),
+                time_vs_plain: {
+                    let (plain_seconds, own): (f64, f64) = mine
+                        .iter()
+                        .filter_map(|r| plain_runs.get(&(r.problem, r.seed)).map(|p| (p.seconds, r.seconds)))
+                        .fold((0.0, 0.0), |(a, b), (p, m)| (a + p, b + m));
+                    (!mode.is_plain() && own > 0.0).then(|| plain_seconds / own)
+                },
                 identical_to_plain: (!plain_text.is_empty() && !mode.is_plain()).then(|| {
                     mine.iter()
                         .filter(|r| plain_text.get(&(r.problem, r.seed)) == Some(&r.text.as_str()))
@@ -958,12 +969,12 @@ pub fn table(summaries: &[ModeSummary]) -> String {
         );
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | draft ms / drafted token | ms / token | tokens/s | speed vs plain | accept time / verify time | judges: rescues, vetoes, time / verify, time / step |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "| mode | τ (mean accept len) | draft accept rate | draft ms / drafted token | ms / token | tokens/s | speed vs plain | time vs plain | accept time / verify time | judges: rescues, vetoes, time / verify, time / step |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for s in summaries {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1} | {:.2}{} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.1} | {:.2}{} | {} | {} | {} | {} |",
             s.mode,
             fixed(s.mean_acceptance_length),
             percent(s.draft_acceptance_rate, 1),
@@ -972,6 +983,7 @@ pub fn table(summaries: &[ModeSummary]) -> String {
             s.tokens_per_second,
             if s.batched { " (batched)" } else { "" },
             ratio(s.speed_vs_plain),
+            ratio(s.time_vs_plain),
             percent(s.accept_share_of_verify, 2),
             judge_cell(&s.judges),
         );

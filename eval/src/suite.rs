@@ -37,6 +37,10 @@ pub struct PooledOverTasks {
     pub speed_vs_plain: Option<f64>,
     /// Pooled speed over the first speculative mode's (none for plain or that mode).
     pub speed_vs_reference: Option<(Mode, f64)>,
+    /// The first speculative mode's wall clock over this mode's on the runs both made: how
+    /// much sooner the answers come (a lossy stack's texts differ in length, so its tokens/s
+    /// alone can mislead).
+    pub time_vs_reference: Option<f64>,
     /// The task where this mode's speed ratio to plain is lowest, and that ratio.
     pub slowest_task: Option<(TaskName, f64)>,
 }
@@ -55,6 +59,13 @@ pub fn pool_over_tasks(per_task: &[(TaskName, RunsByMode)], modes: &[Mode]) -> V
     let plain_tps = speed(&plain);
     let reference = modes.iter().find(|m| !m.decodes_plainly());
     let reference_tps = reference.map(speed);
+    // (reference's seconds, mode's seconds) over the runs both made.
+    let paired_seconds = |reference: &Mode, mode: &Mode| {
+        per_task.iter().fold((0.0, 0.0), |acc, (_, by_mode)| {
+            let (Some(base), Some(own)) = (by_mode.get(reference), by_mode.get(mode)) else { return acc };
+            own.iter().filter_map(|(key, run)| base.get(key).map(|b| (b.seconds, run.seconds))).fold(acc, |(a, b), (r, m)| (a + r, b + m))
+        })
+    };
     let task_ratio = |by_mode: &RunsByMode, mode: &Mode| {
         let base = tokens_per_second(runs_in(by_mode, &plain).into_iter());
         (base > 0.0).then(|| tokens_per_second(runs_in(by_mode, mode).into_iter()) / base)
@@ -71,6 +82,13 @@ pub fn pool_over_tasks(per_task: &[(TaskName, RunsByMode)], modes: &[Mode]) -> V
                 speed_vs_plain: against_plain.then(|| tps / plain_tps),
                 speed_vs_reference: match (reference, reference_tps) {
                     (Some(r), Some(r_tps)) if r != mode && !mode.decodes_plainly() && r_tps > 0.0 => Some((r.clone(), tps / r_tps)),
+                    _ => None,
+                },
+                time_vs_reference: match reference {
+                    Some(r) if r != mode && !mode.decodes_plainly() => {
+                        let (base, own) = paired_seconds(r, mode);
+                        (own > 0.0).then(|| base / own)
+                    }
                     _ => None,
                 },
                 slowest_task: match against_plain {
@@ -92,10 +110,10 @@ pub fn pooled_table(pooled: &[PooledOverTasks]) -> String {
     let reference = pooled.iter().find_map(|p| p.speed_vs_reference.as_ref().map(|(m, _)| m.name()));
     let _ = writeln!(
         out,
-        "| mode (all tasks) | problems | correct | Δ accuracy vs plain [95% CI] | McNemar p | identical text | τ | tokens/s | speed vs plain | speed vs {} | slowest task vs plain |",
+        "| mode (all tasks) | problems | correct | Δ accuracy vs plain [95% CI] | McNemar p | identical text | τ | tokens/s | speed vs plain | speed vs {0} | time vs {0} | slowest task vs plain |",
         reference.as_deref().unwrap_or("the first speculative mode")
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in pooled {
         let (paired, identical) = match &p.pooled.against_baseline {
             Some((identical, stats)) => (Some(stats), Some(*identical)),
@@ -104,7 +122,7 @@ pub fn pooled_table(pooled: &[PooledOverTasks]) -> String {
         let tau = p.pooled.counters.as_ref().map(|c| c.mean_acceptance_length());
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1}% | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {:.1}% | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |",
             p.pooled.mode.name(),
             p.pooled.problems,
             100.0 * p.pooled.correct as f64 / p.pooled.problems.max(1) as f64,
@@ -117,6 +135,7 @@ pub fn pooled_table(pooled: &[PooledOverTasks]) -> String {
             p.tokens_per_second,
             p.speed_vs_plain.map(|r| format!("{r:.2}×")).unwrap_or_else(dash),
             p.speed_vs_reference.as_ref().map(|(_, r)| format!("{r:.2}×")).unwrap_or_else(dash),
+            p.time_vs_reference.map(|r| format!("{r:.2}×")).unwrap_or_else(dash),
             p.slowest_task.map(|(t, r)| format!("{r:.2}× ({t})")).unwrap_or_else(dash),
         );
     }
@@ -190,7 +209,32 @@ mod tests {
         assert_eq!(fly.speed_vs_reference, None);
         let table = pooled_table(&pooled);
         assert!(table.contains("speed vs ngram:fly |"), "{table}");
-        assert!(table.contains("| ngram:exact | 2 | 100.0% | +50.0 [") && table.contains("| 1.14× | 0.80× | 0.80× (mbpp) |"), "{table}");
-        assert!(table.contains("| ngram:fly | 2 | 50.0% | +0.0 [") && table.contains("| 1.000 | 0/2 |") && table.contains("| 1.43× | – |"), "{table}");
+        assert!(table.contains("| ngram:exact | 2 | 100.0% | +50.0 [") && table.contains("| 1.14× | 0.80× | 0.80× | 0.80× (mbpp) |"), "{table}");
+        assert!(table.contains("| ngram:fly | 2 | 50.0% | +0.0 [") && table.contains("| 1.000 | 0/2 |") && table.contains("| 1.43× | – | – |"), "{table}");
+    }
+
+    /// A lossy stack that writes longer answers can show more tokens/s than the lossless
+    /// reference and still give its answers later: the time ratio says so.
+    #[test]
+    fn time_against_the_reference_counts_seconds_not_tokens() {
+        let runs = vec![
+            run(0, "plain", "a", 100, 10.0, true),
+            run(0, "ngram:exact", "a", 100, 5.0, true),
+            // 300 tokens in 6 s: 50 tok/s against the reference's 20, answers 5/6 as soon.
+            run(0, "ngram:fly", "a longer answer", 300, 6.0, true),
+            run(1, "plain", "b", 100, 10.0, true),
+            run(1, "ngram:exact", "b", 100, 5.0, true),
+            run(1, "ngram:fly", "b", 100, 4.0, true),
+        ];
+        let mut by_mode = RunsByMode::new();
+        pool::add_runs(&mut by_mode, runs);
+        let modes = [Mode::plain(), "ngram:exact".parse().unwrap(), "ngram:fly".parse().unwrap()];
+        let pooled = pool_over_tasks(&[(TaskName::Gsm8k, by_mode)], &modes);
+        let fly = &pooled[2];
+        // 400 tokens in 10 s against 200 in 10 s.
+        assert!((fly.speed_vs_reference.as_ref().unwrap().1 - 2.0).abs() < 1e-9);
+        assert!((fly.time_vs_reference.unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(pooled[1].time_vs_reference, None, "the reference against itself");
+        assert!(pooled_table(&pooled).contains("| 2.00× | 1.00× |"));
     }
 }

@@ -182,6 +182,10 @@ fn markdown(report: &HeadReport) -> String {
             );
         }
     }
+    md += "\nLearning curve: the chosen C fitted on part of the training problems, scored on the validation problems (an AUC still rising says more labels would help):\n\n| training problems | training mismatches | validation AUC |\n|---|---|---|\n";
+    for point in &fit.learning_curve {
+        md += &format!("| {} | {} | {:.3} |\n", point.train_problems, point.train_samples, point.validation_auc);
+    }
     md += "\nAccept a mismatch iff P(important) < τ. On the selection problems:\n\n\
            | τ | recall of important | precision | mismatches accepted |\n|---|---|---|---|\n";
     for row in &fit.thresholds {

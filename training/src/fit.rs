@@ -40,8 +40,8 @@ pub struct FitOptions {
 impl Default for FitOptions {
     fn default() -> Self {
         Self {
-            // 10^-4 … 10^1 in half decades.
-            c_grid: (-8..=2).map(|k| 10f64.powf(k as f64 / 2.0)).collect(),
+            // 10^-5.5 … 10^1 in half decades: with few labels the best C is small.
+            c_grid: (-11..=2).map(|k| 10f64.powf(k as f64 / 2.0)).collect(),
             selection_share: 0.1,
             validation_share: 0.1,
             seed: 52,
@@ -88,7 +88,21 @@ pub struct FitReport {
     pub validation_at_tau: ThresholdRow,
     /// Per label set, in order.
     pub per_source: Vec<SourceFit>,
+    /// The chosen C fitted on shares of the training problems, scored on the validation
+    /// problems: whether more labels would still raise the AUC.
+    pub learning_curve: Vec<LearningPoint>,
 }
+
+/// One point of the learning curve.
+#[derive(Clone, Debug, Serialize)]
+pub struct LearningPoint {
+    pub train_problems: usize,
+    pub train_samples: usize,
+    pub validation_auc: f64,
+}
+
+/// Shares of the training problems the learning curve fits on (the whole is the head itself).
+const LEARNING_SHARES: [f64; 2] = [0.25, 0.5];
 
 /// One label set's share of a fit.
 #[derive(Clone, Debug, Serialize)]
@@ -249,6 +263,34 @@ pub fn threshold_row(probabilities: &[f64], labels: &[bool], tau: f64) -> Thresh
     }
 }
 
+/// L2 logistic regression at inverse strength `c` on standardised rows: (w, b) giving
+/// P(important).
+fn logistic_at(c: f64, z: &Array2<f64>, labels: &[bool], max_iterations: u64) -> Result<(Array1<f64>, f64)> {
+    let dataset = Dataset::new(z.clone(), Array1::from(labels.to_vec()));
+    let model = LogisticRegression::default()
+        .alpha(1.0 / c)
+        .max_iterations(max_iterations)
+        .fit(&dataset)
+        .with_context(|| format!("logistic regression with C = {c}"))?;
+    // linfa's positive class is the more frequent one; flip the model so that it gives
+    // P(important).
+    let sign = if model.labels().pos.class { 1.0 } else { -1.0 };
+    Ok((model.params() * sign, model.intercept() * sign))
+}
+
+/// The rows of the first `share` of the training problems, drawn per label set in a seeded
+/// order; `None` when they hold one class only.
+fn training_subset(samples: &[Sample], train: &[usize], share: f64, seed: u64) -> Option<Vec<usize>> {
+    let mut problems: Vec<(usize, usize)> =
+        train.iter().map(|&i| (samples[i].source, samples[i].problem_id)).collect::<BTreeSet<_>>().into_iter().collect();
+    problems.shuffle(&mut StdRng::seed_from_u64(seed.wrapping_add(2 << 32)));
+    let keep: BTreeSet<(usize, usize)> =
+        problems.iter().take(((problems.len() as f64 * share).round() as usize).max(1)).copied().collect();
+    let rows: Vec<usize> = train.iter().copied().filter(|&i| keep.contains(&(samples[i].source, samples[i].problem_id))).collect();
+    let important = rows.iter().filter(|&&i| samples[i].important).count();
+    (important > 0 && important < rows.len()).then_some(rows)
+}
+
 /// Fit the head on `samples` (all with the same feature length).
 pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHead> {
     ensure!(
@@ -287,21 +329,10 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
         .mapv(|s| if s > 1e-12 { s } else { 1.0 });
     let standardise = |x: &Array2<f64>| (x - &mean) / &scale;
     let (z_train, z_sel, z_val) = (standardise(&x_train), standardise(&matrix(samples, &sel)), standardise(&matrix(samples, &val)));
-    let targets = Array1::from(y_train.clone());
-    let dataset = Dataset::new(z_train.clone(), targets);
-
     let mut grid = Vec::new();
     let mut best: Option<(f64, f64, Array1<f64>, f64)> = None;
     for &c in &options.c_grid {
-        let model = LogisticRegression::default()
-            .alpha(1.0 / c)
-            .max_iterations(options.max_iterations)
-            .fit(&dataset)
-            .with_context(|| format!("logistic regression with C = {c}"))?;
-        // linfa's positive class is the more frequent one; flip the model so that it gives
-        // P(important).
-        let sign = if model.labels().pos.class { 1.0 } else { -1.0 };
-        let (w, b) = (model.params() * sign, model.intercept() * sign);
+        let (w, b) = logistic_at(c, &z_train, &y_train, options.max_iterations)?;
         let p_sel = z_sel.dot(&w).mapv(|v| 1.0 / (1.0 + (-(v + b)).exp()));
         let auc = roc_auc(p_sel.as_slice().unwrap(), &y_sel);
         tracing::info!("C = {c:.0e}: selection AUC {auc:.4}");
@@ -323,18 +354,31 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
     let validation_auc = roc_auc(p_val.as_slice().unwrap(), &y_val);
     let validation_at_tau = threshold_row(p_val.as_slice().unwrap(), &y_val, chosen_tau);
     tracing::info!("C = {best_c:.0e} chosen (selection AUC {selection_auc:.4}); validation AUC {validation_auc:.4}");
-    let (weight, bias) = verdict_heads::LogisticHead::fold_standardisation(
-        w.as_slice().unwrap(),
-        b,
-        mean.as_slice().unwrap(),
-        scale.as_slice().unwrap(),
-    );
     let count_problems = |rows: &[usize]| {
         rows.iter()
             .map(|&i| (samples[i].source, samples[i].problem_id))
             .collect::<BTreeSet<_>>()
             .len()
     };
+    let mut learning_curve = Vec::new();
+    for share in LEARNING_SHARES {
+        let Some(rows) = training_subset(samples, &train, share, options.seed) else { continue };
+        let z = standardise(&matrix(samples, &rows));
+        let (w, b) = logistic_at(best_c, &z, &labels(&rows), options.max_iterations)?;
+        let p = z_val.dot(&w).mapv(|v| 1.0 / (1.0 + (-(v + b)).exp()));
+        learning_curve.push(LearningPoint {
+            train_problems: count_problems(&rows),
+            train_samples: rows.len(),
+            validation_auc: roc_auc(p.as_slice().unwrap(), &y_val),
+        });
+    }
+    learning_curve.push(LearningPoint { train_problems: count_problems(&train), train_samples: train.len(), validation_auc });
+    let (weight, bias) = verdict_heads::LogisticHead::fold_standardisation(
+        w.as_slice().unwrap(),
+        b,
+        mean.as_slice().unwrap(),
+        scale.as_slice().unwrap(),
+    );
     let per_source = samples
         .iter()
         .map(|s| s.source)
@@ -383,6 +427,7 @@ pub fn fit_logistic(samples: &[Sample], options: &FitOptions) -> Result<FittedHe
             min_recall: options.min_recall,
             validation_at_tau,
             per_source,
+            learning_curve,
         },
     })
 }

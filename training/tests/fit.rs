@@ -125,3 +125,29 @@ fn the_reported_auc_comes_from_problems_that_chose_nothing() {
     assert!((report.validation_auc - 0.5).abs() < 0.1, "validation AUC {} on noise", report.validation_auc);
     assert_eq!(report.validation_at_tau.tau, report.chosen_tau);
 }
+
+/// The learning curve fits on a quarter, a half and all of the training problems and scores
+/// each on the validation problems. With a planted rule the AUC is high at every point; with
+/// the validation problems' labels replaced by noise it is near chance at every point (a curve
+/// scored on the problems it trained on would still say 0.99).
+#[test]
+fn the_learning_curve_scores_shares_of_the_training_problems_on_validation_problems() {
+    let samples = planted(2000, 7);
+    let options = FitOptions { c_grid: vec![0.01, 1.0], ..Default::default() };
+    let report = fit_logistic(&samples, &options).unwrap().report;
+    let curve = &report.learning_curve;
+    // 405 training problems of 4 mismatches each: round(405 / 4) = 101, round(405 / 2) = 203.
+    assert_eq!(curve.iter().map(|p| (p.train_problems, p.train_samples)).collect::<Vec<_>>(), vec![(101, 404), (203, 812), (405, 1620)]);
+    assert_eq!(curve[2].validation_auc, report.validation_auc);
+    assert!(curve.iter().all(|p| p.validation_auc > 0.95), "{curve:?}");
+
+    let (_, _, validation) = split_for_selection(&samples, options.selection_share, options.validation_share, options.seed);
+    let p_val = validation.iter().map(|&i| samples[i].problem_id).collect::<BTreeSet<_>>();
+    let mut rng = StdRng::seed_from_u64(8);
+    let noisy: Vec<Sample> = samples
+        .into_iter()
+        .map(|s| if p_val.contains(&s.problem_id) { Sample { important: rng.random_bool(0.5), ..s } } else { s })
+        .collect();
+    let curve = fit_logistic(&noisy, &options).unwrap().report.learning_curve;
+    assert!(curve.iter().all(|p| (p.validation_auc - 0.5).abs() < 0.1), "{curve:?}");
+}
