@@ -27,7 +27,7 @@ case "$pass" in
     ;;
   autojudge)
     [ -f heads/gsm8k_head.safetensors ] || { echo "no heads/gsm8k_head.safetensors: fit the judge of EAGLE drafts first (scripts/long-jobs.sh)" >&2; exit 1; }
-    modes="plain,$head:exact,$head:autojudge,$head-sv-g8:autojudge,$head:autojudge+fly"
+    modes="plain,$head:exact,$head:autojudge,$head:autojudge-strict,$head-sv-g8:autojudge-strict,$head:autojudge+fly"
     ;;
   *) echo "PASS is free or autojudge, got '$pass'" >&2; exit 1 ;;
 esac
