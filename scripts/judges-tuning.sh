@@ -10,7 +10,9 @@
 # issue "Fast on what users send"; also drafting up to 8 under SV, lossless). PASS=free (default) compares FLy (windows 2 and 3, and
 # drafting up to 8 with and without SV; DropMatch and FSD were measured before and are left
 # to the acceptance runs); PASS=autojudge adds the
-# judge of EAGLE drafts once heads/gsm8k_head.safetensors exists. Run it alone on the cores; `touch .verdict-work/hold-bench` lends them out
+# judge of EAGLE drafts once heads/gsm8k_head.safetensors exists, at its report's threshold
+# and held strict under SV drafting up to 8 (beside lossless SV up to 8, the mode it must beat).
+# MODES replaces a pass's list of modes. Run it alone on the cores; `touch .verdict-work/hold-bench` lends them out
 # between problems (HOLD names another file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,10 +29,11 @@ case "$pass" in
     ;;
   autojudge)
     [ -f heads/gsm8k_head.safetensors ] || { echo "no heads/gsm8k_head.safetensors: fit the judge of EAGLE drafts first (scripts/long-jobs.sh)" >&2; exit 1; }
-    modes="plain,$head:exact,$head:autojudge,$head:autojudge-strict,$head-sv-g8:autojudge-strict,$head:autojudge+fly"
+    modes="plain,$head:exact,$head-sv-g8:exact,$head:autojudge,$head-sv-g8:autojudge-strict"
     ;;
   *) echo "PASS is free or autojudge, got '$pass'" >&2; exit 1 ;;
 esac
+modes="${MODES:-$modes}"
 "$verdict" bench --config configs/tasks.toml --task gsm8k --split train --data-dir "$gsm8k_dir" \
   --offset 1300 --limit "${N_GSM8K:-30}" --max-tokens 512 --modes "$modes" \
   --out "bench-results/tuning-$pass-gsm8k-train.json" --hold-while "$hold"
