@@ -130,8 +130,8 @@ impl Judge for AutoJudge {
     }
 
     fn rescues(&self, view: &StepView, position: usize) -> Result<bool> {
-        Ok(self
-            .importance(view, position)?
-            .is_some_and(|p| p < self.threshold))
+        let importance = self.importance(view, position)?;
+        tracing::debug!(position, ?importance, threshold = self.threshold, "autojudge");
+        Ok(importance.is_some_and(|p| p < self.threshold))
     }
 }
