@@ -12,7 +12,8 @@
 # LOSSLESS names the lossless configuration the stacks are measured against, listed first so
 # that the pooled tables' "vs" columns use it (default lookup+head, γ 4; where SV drafting up
 # to 8 is faster, as on the Xeon of session 43, ngram+eagle@general-sv-g8:exact); stage 1
-# runs both. RECOMMENDED and RECOMMENDED_SAMPLED name the recommended stack's modes at temperature 0 and
+# runs both; LOSSLESS_SAMPLED is its form under `rejection` at temperature 0.7 (default
+# lookup+head-sampled; for SV up to 8, ngram+eagle@general-sv-g8:rejection). RECOMMENDED and RECOMMENDED_SAMPLED name the recommended stack's modes at temperature 0 and
 # 0.7 (chosen on training-side problems by scripts/judges-tuning.sh; configs/recommended.toml
 # says why). STAGE=1, 2 or 3 runs one stage. Run it alone on the cores;
 # `touch .verdict-work/hold-bench` lends them out between problems (HOLD names another file).
@@ -28,17 +29,20 @@ stage="${STAGE:-all}"
 head=ngram+eagle@general
 stacks="$head:autojudge,$head:fly,$head:dropmatch,$head:fsd-rescue"
 lossless="${LOSSLESS:-lookup+head}"
+lossless_sampled="${LOSSLESS_SAMPLED:-lookup+head-sampled}"
 others=$(for m in lookup+head "$head-sv-g8:exact"; do [ "$m" = "$lossless" ] || printf ',%s' "$m"; done)
+# A mode named twice (the recommended stack may be a lossless configuration) runs once.
+unique() { printf '%s' "$1" | tr ',' '\n' | awk 'NF && !seen[$0]++' | paste -sd, -; }
 bench() { "$verdict" bench --config configs/tasks.toml --max-tokens 512 --hold-while "$hold" "$@"; }
 if [ "$stage" = all ] || [ "$stage" = 1 ]; then
-  bench --suite 50 --modes "plain,$lossless,$RECOMMENDED$others,$stacks" --out bench-results/judges-t0.json
+  bench --suite 50 --modes "$(unique "plain,$lossless,$RECOMMENDED$others,$stacks")" --out bench-results/judges-t0.json
 fi
 if [ "$stage" = all ] || [ "$stage" = 2 ]; then
-  bench --suite 50 --offset 50 --modes "plain,$lossless,$RECOMMENDED" --out bench-results/judges-t0-50.json
+  bench --suite 50 --offset 50 --modes "$(unique "plain,$lossless,$RECOMMENDED")" --out bench-results/judges-t0-50.json
 fi
 if [ "$stage" = all ] || [ "$stage" = 3 ]; then
   bench --suite 50 --temperature 0.7 --top-p 0.95 --seeds 2 \
-    --modes "plain,lookup+head-sampled,$RECOMMENDED_SAMPLED" --out bench-results/judges-t07.json
+    --modes "$(unique "plain,$lossless_sampled,$RECOMMENDED_SAMPLED")" --out bench-results/judges-t07.json
 fi
 for report in bench-results/judges-t0-*.json bench-results/judges-t07-*.json; do
   [ -f "$report" ] && "$verdict" plot "$report" --out "${report%.json}"
