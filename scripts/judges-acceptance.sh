@@ -30,12 +30,12 @@ head=ngram+eagle@general
 stacks="$head:autojudge,$head:fly,$head:dropmatch,$head:fsd-rescue"
 lossless="${LOSSLESS:-lookup+head}"
 lossless_sampled="${LOSSLESS_SAMPLED:-lookup+head-sampled}"
-others=$(for m in lookup+head "$head-sv-g8:exact"; do [ "$m" = "$lossless" ] || printf ',%s' "$m"; done)
-# A mode named twice (the recommended stack may be a lossless configuration) runs once.
+# A mode named twice (LOSSLESS among the lossless forms, the recommended stack a lossless
+# configuration) runs once, where it is first named.
 unique() { printf '%s' "$1" | tr ',' '\n' | awk 'NF && !seen[$0]++' | paste -sd, -; }
 bench() { "$verdict" bench --config configs/tasks.toml --max-tokens 512 --hold-while "$hold" "$@"; }
 if [ "$stage" = all ] || [ "$stage" = 1 ]; then
-  bench --suite 50 --modes "$(unique "plain,$lossless,$RECOMMENDED$others,$stacks")" --out bench-results/judges-t0.json
+  bench --suite 50 --modes "$(unique "plain,$lossless,$RECOMMENDED,lookup+head,$head-sv-g8:exact,$stacks")" --out bench-results/judges-t0.json
 fi
 if [ "$stage" = all ] || [ "$stage" = 2 ]; then
   bench --suite 50 --offset 50 --modes "$(unique "plain,$lossless,$RECOMMENDED")" --out bench-results/judges-t0-50.json
