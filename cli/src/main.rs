@@ -235,8 +235,11 @@ enum Command {
     /// decoding (95% interval) against its speed ratio and against τ; writes OUT.svg and OUT.png.
     Plot {
         /// A `verdict bench` JSON report (accuracy cost against speed), or a load report of
-        /// scripts/load_test.py (throughput against concurrency).
-        report: PathBuf,
+        /// scripts/load_test.py (throughput against concurrency); several bench reports (a
+        /// task each, or a task's split over runs): one figure pooled over them, as
+        /// `pool-reports` pools them, with how soon the answers come against plain as speed.
+        #[arg(required = true, num_args = 1..)]
+        reports: Vec<PathBuf>,
         /// Output path without extension (OUT.svg and OUT.png are written).
         #[arg(long, short)]
         out: PathBuf,
@@ -444,8 +447,8 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Plot { report, out, title } => {
-            for written in verdict_cli::plot::figure(&report, &out, title.as_deref())? {
+        Command::Plot { reports, out, title } => {
+            for written in verdict_cli::plot::figure(&reports, &out, title.as_deref())? {
                 eprintln!("figure written to {}", written.display());
             }
             Ok(())

@@ -1,7 +1,9 @@
 //! `verdict plot`: the trade-off figure of a bench report. Each speculative mode is a point:
 //! its accuracy difference from plain decoding on the same problems (with the bootstrap 95 %
 //! interval as an error bar) against its speed ratio to plain decoding (left) and against τ
-//! (right). Written as SVG and PNG.
+//! (right), a legend naming the points. Several reports (a task each) make one figure pooled
+//! over the tasks, as `verdict pool-reports` pools them, its speed how soon the answers come.
+//! Written as SVG and PNG.
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +11,14 @@ use anyhow::{bail, Context, Result};
 use plotters::{coord::Shift, prelude::*};
 use serde::Deserialize;
 
-use crate::{paired::PairedStats, plot_font::register_font};
+use verdict_eval::benchmark::TaskName;
+
+use crate::{
+    modes::Mode,
+    paired::PairedStats,
+    plot_font::register_font,
+    pool::{load, pool_over_tasks, time_ratio, RunsByMode},
+};
 
 #[derive(Deserialize)]
 struct Report {
@@ -30,16 +39,21 @@ struct Sampling {
 /// The figure's title unless one is given: the report's task, and its temperature when it
 /// sampled.
 fn default_title(report: &Report) -> String {
-    let task = match report.dataset.as_deref().unwrap_or("gsm8k") {
+    let task = display_name(report.dataset.as_deref().unwrap_or("gsm8k"));
+    match report.sampling.as_ref().map(|s| s.temperature).filter(|&t| t > 0.0) {
+        Some(t) => format!("{task} at temperature {t}: accuracy cost against speed"),
+        None => format!("{task}: accuracy cost against speed"),
+    }
+}
+
+/// A task as the papers write it.
+fn display_name(task: &str) -> &str {
+    match task {
         "gsm8k" => "GSM8K",
         "humaneval" => "HumanEval",
         "mbpp" => "MBPP",
         "math500" => "MATH-500",
         other => other,
-    };
-    match report.sampling.as_ref().map(|s| s.temperature).filter(|&t| t > 0.0) {
-        Some(t) => format!("{task} at temperature {t}: accuracy cost against speed"),
-        None => format!("{task}: accuracy cost against speed"),
     }
 }
 
@@ -81,15 +95,18 @@ fn points(report: &Report) -> Vec<Point> {
 }
 
 /// The figure of a report: a bench report's trade-off, or a load report's throughput
-/// against concurrency (`scripts/load_test.py`). Writes `<out>.svg` and `<out>.png`.
-pub fn figure(report: &Path, out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
+/// against concurrency (`scripts/load_test.py`); of several bench reports, their trade-off
+/// pooled over the tasks. Writes `<out>.svg` and `<out>.png`.
+pub fn figure(reports: &[PathBuf], out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
+    create_parent(out)?;
+    let [report] = reports else {
+        let title = title.unwrap_or("All tasks: accuracy cost against time");
+        return pooled_tradeoff(reports, out, title);
+    };
     let text = std::fs::read_to_string(report)
         .with_context(|| format!("cannot read report {}", report.display()))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not JSON", report.display()))?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
     if value.get("summary").is_some() {
         let report: Report = serde_json::from_value(value)
             .with_context(|| format!("{} is not a verdict bench report", report.display()))?;
@@ -102,20 +119,65 @@ pub fn figure(report: &Path, out: &Path, title: Option<&str>) -> Result<Vec<Path
     crate::plot_load::throughput(&load, out, title.unwrap_or("Throughput against concurrency"))
 }
 
+fn create_parent(out: &Path) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Each speculative mode of several tasks' reports, pooled: the accuracy difference paired
+/// within each task, τ over all steps, and as speed plain's wall clock over the mode's on
+/// the runs both have (a lossy mode's answers change length, so tokens/s would flatter it).
+fn pooled_points(by_task: &[(TaskName, &RunsByMode)]) -> Vec<Point> {
+    let plain = Mode::plain();
+    pool_over_tasks(by_task, &plain)
+        .into_iter()
+        .filter_map(|m| {
+            let (_, paired) = m.against_baseline.as_ref()?;
+            Some(Point {
+                mode: format!("{} ({} problems)", m.mode.0, paired.problems),
+                speed: time_ratio(by_task, &m.mode, &plain)?,
+                tau: m.counters.as_ref()?.mean_acceptance_length(),
+                difference: 100.0 * paired.accuracy_difference,
+                interval: (100.0 * paired.difference_ci95.0, 100.0 * paired.difference_ci95.1),
+            })
+        })
+        .collect()
+}
+
+/// The trade-off of several bench reports pooled over their tasks.
+fn pooled_tradeoff(reports: &[PathBuf], out: &Path, title: &str) -> Result<Vec<PathBuf>> {
+    let by_task = load(reports)?;
+    let tasks: Vec<(TaskName, &RunsByMode)> = by_task.iter().map(|(t, m)| (*t, m)).collect();
+    let points = pooled_points(&tasks);
+    if points.is_empty() {
+        bail!("no speculative mode in these reports shares a problem with plain decoding: run the bench with `plain` among --modes");
+    }
+    let names: Vec<&str> = tasks.iter().map(|(t, _)| display_name(t.as_str())).collect();
+    let caption = format!("{title} ({})", names.join(", "));
+    let x_desc = "time: plain decoding's wall clock / the mode's (×)";
+    write_figure(out, &caption, x_desc, &points)
+}
+
 /// Write `<out>.svg` and `<out>.png`; returns their paths.
 fn tradeoff(report: &Report, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
     let points = points(report);
     if points.is_empty() {
         bail!("the report has no speculative mode paired with plain decoding: run the bench with `plain` among --modes");
     }
-    register_font()?;
     let caption = format!("{title} ({} problems)", report.problems);
-    let size = (1100, 480);
+    write_figure(out, &caption, "speed vs plain decoding (×)", &points)
+}
+
+fn write_figure(out: &Path, caption: &str, x_desc: &str, points: &[Point]) -> Result<Vec<PathBuf>> {
+    register_font()?;
+    let size = (1500, 480);
     let svg = out.with_extension("svg");
-    draw(SVGBackend::new(&svg, size).into_drawing_area(), &caption, &points)
+    draw(SVGBackend::new(&svg, size).into_drawing_area(), caption, x_desc, points)
         .with_context(|| format!("cannot write {}", svg.display()))?;
     let png = out.with_extension("png");
-    draw(BitMapBackend::new(&png, size).into_drawing_area(), &caption, &points)
+    draw(BitMapBackend::new(&png, size).into_drawing_area(), caption, x_desc, points)
         .with_context(|| format!("cannot write {}", png.display()))?;
     Ok(vec![svg, png])
 }
@@ -123,6 +185,7 @@ fn tradeoff(report: &Report, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     caption: &str,
+    x_desc: &str,
     points: &[Point],
 ) -> Result<()>
 where
@@ -130,10 +193,31 @@ where
 {
     root.fill(&WHITE)?;
     let root = root.titled(caption, ("sans-serif", 20))?;
-    let (left, right) = root.split_horizontally(550);
-    panel(&left, points, |p| p.speed, "speed vs plain decoding (×)", Some(1.0))?;
+    let (plots, key) = root.split_horizontally(1100);
+    let (left, right) = plots.split_horizontally(550);
+    panel(&left, points, |p| p.speed, x_desc, Some(1.0))?;
     panel(&right, points, |p| p.tau, "τ (tokens per speculative step)", None)?;
+    legend(&key, points)?;
     root.present()?;
+    Ok(())
+}
+
+/// The colour of the `i`-th point, the same in both panels and the legend.
+fn colour(i: usize) -> RGBColor {
+    let (r, g, b) = Palette99::pick(i).rgb();
+    RGBColor(r, g, b)
+}
+
+/// The modes' names beside their colours, outside the panels so that no name covers a point.
+fn legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, points: &[Point]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    for (i, p) in points.iter().enumerate() {
+        let y = 40 + 22 * i as i32;
+        area.draw(&Circle::new((12, y), 5, colour(i).filled()))?;
+        area.draw(&Text::new(p.mode.clone(), (24, y - 7), ("sans-serif", 13).into_font()))?;
+    }
     Ok(())
 }
 
@@ -181,20 +265,13 @@ where
             dashed,
         ))?;
     }
-    // Labels alternate above and below their points, in the order of x, so neighbours
-    // do not overwrite each other.
-    let mut order: Vec<&Point> = points.iter().collect();
-    order.sort_by(|a, b| x(a).total_cmp(&x(b)));
-    for (i, p) in order.into_iter().enumerate() {
+    for (i, p) in points.iter().enumerate() {
         let px = x(p);
         chart.draw_series([PathElement::new(
             [(px, p.interval.0), (px, p.interval.1)],
-            BLUE.mix(0.6).stroke_width(2),
+            colour(i).mix(0.6).stroke_width(2),
         )])?;
-        chart.draw_series([Circle::new((px, p.difference), 5, BLUE.filled())])?;
-        let dy = if i % 2 == 0 { -18 } else { 6 };
-        chart.draw_series([EmptyElement::at((px, p.difference))
-            + Text::new(format!(" {}", p.mode), (2, dy), ("sans-serif", 13).into_font())])?;
+        chart.draw_series([Circle::new((px, p.difference), 5, colour(i).filled())])?;
     }
     Ok(())
 }
@@ -239,13 +316,54 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("figure");
         let empty = write(dir.path(), "empty.json", serde_json::json!({"plain": {"prompts": 32, "max_tokens": 128, "levels": []}}));
-        let err = figure(&empty, &out, None).unwrap_err().to_string();
+        let err = figure(&[empty], &out, None).unwrap_err().to_string();
         assert!(err.contains("no measured levels"), "{err}");
         let other = write(dir.path(), "other.json", serde_json::json!({"something": 1}));
-        let err = format!("{:#}", figure(&other, &out, None).unwrap_err());
+        let err = format!("{:#}", figure(&[other.clone()], &out, None).unwrap_err());
         assert!(err.contains("neither a verdict bench report nor a load report"), "{err}");
         let bench = write(dir.path(), "bench.json", serde_json::json!({"problems": 5, "summary": []}));
-        let err = figure(&bench, &out, None).unwrap_err().to_string();
+        let err = figure(&[bench], &out, None).unwrap_err().to_string();
         assert!(err.contains("no speculative mode paired with plain"), "{err}");
+        let err = format!("{:#}", figure(&[empty_bench(dir.path(), "a.json"), other], &out, None).unwrap_err());
+        assert!(err.contains("other.json") && err.contains("bench"), "{err}");
+        let only_plain = figure(&[empty_bench(dir.path(), "a.json"), empty_bench(dir.path(), "b.json")], &out, None);
+        assert!(only_plain.unwrap_err().to_string().contains("no speculative mode"));
+    }
+
+    fn empty_bench(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+        write(dir, name, serde_json::json!({"dataset": "mbpp", "summary": [], "runs": []}))
+    }
+
+    fn run(problem: usize, mode: &str, correct: bool, seconds: f64, steps_accepted: Option<(u64, u64)>) -> serde_json::Value {
+        serde_json::json!({
+            "problem": problem, "mode": mode, "correct": correct, "answer": null, "text": mode,
+            "completion_tokens": 10, "seconds": seconds,
+            "counters": steps_accepted.map(|(steps, accepted)| verdict::metrics::Counters {
+                steps, accepted_tokens: accepted, emitted_tokens: steps + accepted, ..Default::default()
+            }),
+        })
+    }
+
+    /// Two tasks' reports pool into one point a mode: accuracy paired within each task, τ over
+    /// every step, speed = plain's seconds over the mode's on shared runs (hand-computed).
+    #[test]
+    fn several_reports_pool_into_one_point_a_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let gsm8k = write(dir.path(), "g.json", serde_json::json!({"dataset": "gsm8k", "summary": [], "runs": [
+            run(0, "plain", true, 10.0, None), run(0, "fly", false, 4.0, Some((10, 20))),
+            run(1, "plain", true, 6.0, None), run(1, "fly", true, 4.0, Some((10, 0))),
+        ]}));
+        let mbpp = write(dir.path(), "m.json", serde_json::json!({"dataset": "mbpp", "summary": [], "runs": [
+            run(0, "plain", false, 2.0, None), run(0, "fly", false, 2.0, Some((20, 20))),
+        ]}));
+        let by_task = load(&[gsm8k, mbpp]).unwrap();
+        let tasks: Vec<(TaskName, &RunsByMode)> = by_task.iter().map(|(t, m)| (*t, m)).collect();
+        let points = pooled_points(&tasks);
+        assert_eq!(points.len(), 1, "plain is the baseline, not a point");
+        let fly = &points[0];
+        assert_eq!(fly.mode, "fly (3 problems)");
+        assert!((fly.speed - 18.0 / 10.0).abs() < 1e-12, "{}", fly.speed);
+        assert!((fly.tau - (1.0 + 40.0 / 40.0)).abs() < 1e-12, "{}", fly.tau);
+        assert!((fly.difference + 100.0 / 3.0).abs() < 1e-9, "{}", fly.difference);
     }
 }

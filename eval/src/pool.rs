@@ -124,6 +124,22 @@ pub fn tau_ratio(by_mode: &RunsByMode, a: &Mode, b: &Mode) -> Result<(usize, f64
     Ok((common.len(), tau(runs_a), tau(runs_b)))
 }
 
+/// How soon `mode`'s answers come against `baseline`'s, over every task: the baseline's wall
+/// clock over the mode's, each summed over the (task, problem, seed) runs both have. A bench
+/// interleaves a task's modes in one process, so each pair of runs saw one machine; a ratio of
+/// sums weighs long answers as a user waiting on them does. `None` if no run is shared.
+pub fn time_ratio(by_task: &[(TaskName, &RunsByMode)], mode: &Mode, baseline: &Mode) -> Option<f64> {
+    let (mut baseline_seconds, mut mode_seconds) = (0.0, 0.0);
+    for (_, by_mode) in by_task {
+        let (Some(mine), Some(base)) = (by_mode.get(mode), by_mode.get(baseline)) else { continue };
+        for (key, run) in mine.iter().filter(|(key, _)| base.contains_key(key)) {
+            mode_seconds += run.seconds;
+            baseline_seconds += base[key].seconds;
+        }
+    }
+    (mode_seconds > 0.0).then(|| baseline_seconds / mode_seconds)
+}
+
 /// The pooled modes as a Markdown table.
 pub fn table(pooled: &[PooledMode]) -> String {
     let mut out = String::from(
@@ -266,6 +282,25 @@ mod tests {
         let (identical, stats) = fly.against_baseline.as_ref().unwrap();
         assert_eq!((stats.problems, *identical, stats.better, stats.worse), (3, 2, 0, 1));
         assert!((stats.accuracy_difference + 1.0 / 3.0).abs() < 1e-12);
+    }
+
+    /// Seconds summed over shared runs, across tasks: (10 + 2) / (5 + 4), not the mean of 2 and
+    /// 0.5; a run the baseline lacks and a task without the mode count nowhere.
+    #[test]
+    fn a_time_ratio_sums_the_shared_runs_of_every_task() {
+        let timed = |problem, mode: &str, seconds| Run { seconds, ..run(problem, mode, true, "", None) };
+        let runs = |list: Vec<Run>| {
+            let mut by_mode = RunsByMode::new();
+            add_runs(&mut by_mode, list);
+            by_mode
+        };
+        let gsm8k = runs(vec![timed(0, "plain", 10.0), timed(0, "fly", 5.0), timed(1, "fly", 100.0)]);
+        let mbpp = runs(vec![timed(0, "plain", 2.0), timed(0, "fly", 4.0)]);
+        let math = runs(vec![timed(0, "plain", 7.0)]);
+        let tasks = [(TaskName::Gsm8k, &gsm8k), (TaskName::Mbpp, &mbpp), (TaskName::Math500, &math)];
+        let ratio = time_ratio(&tasks, &Mode("fly".into()), &Mode::plain()).unwrap();
+        assert!((ratio - 12.0 / 9.0).abs() < 1e-12, "{ratio}");
+        assert_eq!(time_ratio(&tasks, &Mode("exact".into()), &Mode::plain()), None);
     }
 
     #[test]
