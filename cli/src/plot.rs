@@ -127,7 +127,7 @@ fn create_parent(out: &Path) -> Result<()> {
 }
 
 /// Each speculative mode of several tasks' reports, pooled: the accuracy difference paired
-/// within each task, τ over all steps, and as speed plain's wall clock over the mode's on
+/// within each task, τ over the steps that drafted, and as speed plain's wall clock over the mode's on
 /// the runs both have (a lossy mode's answers change length, so tokens/s would flatter it).
 fn pooled_points(by_task: &[(TaskName, &RunsByMode)]) -> Vec<Point> {
     let plain = Mode::plain();
@@ -160,7 +160,7 @@ fn pooled_tradeoff(reports: &[PathBuf], out: &Path, title: &str) -> Result<Vec<P
     write_figure(out, &caption, x_desc, &points)
 }
 
-/// Write `<out>.svg` and `<out>.png`; returns their paths.
+/// The trade-off of one report, its speed the report's tokens/s against plain's.
 fn tradeoff(report: &Report, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
     let points = points(report);
     if points.is_empty() {
@@ -170,6 +170,7 @@ fn tradeoff(report: &Report, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
     write_figure(out, &caption, "speed vs plain decoding (×)", &points)
 }
 
+/// Write `<out>.svg` and `<out>.png`; returns their paths.
 fn write_figure(out: &Path, caption: &str, x_desc: &str, points: &[Point]) -> Result<Vec<PathBuf>> {
     register_font()?;
     let size = (1500, 480);
