@@ -320,7 +320,7 @@ mod tests {
         let err = figure(&[empty], &out, None).unwrap_err().to_string();
         assert!(err.contains("no measured levels"), "{err}");
         let other = write(dir.path(), "other.json", serde_json::json!({"something": 1}));
-        let err = format!("{:#}", figure(&[other.clone()], &out, None).unwrap_err());
+        let err = format!("{:#}", figure(std::slice::from_ref(&other), &out, None).unwrap_err());
         assert!(err.contains("neither a verdict bench report nor a load report"), "{err}");
         let bench = write(dir.path(), "bench.json", serde_json::json!({"problems": 5, "summary": []}));
         let err = figure(&[bench], &out, None).unwrap_err().to_string();
